@@ -1,0 +1,97 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Action for torchherd.cluster.rsync: rsync on the controller over Ansible's own SSH settings."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+
+_ARGS = {
+    "src": {"type": "str", "required": True},
+    "dest": {"type": "str", "required": True},
+    "direction": {"type": "str", "default": "push", "choices": ["push", "pull"]},
+    "excludes": {"type": "list", "elements": "str", "default": []},
+    "includes": {"type": "list", "elements": "str", "default": []},
+    "only_included": {"type": "bool", "default": False},
+    "delete": {"type": "bool", "default": False},
+    "checksum": {"type": "bool", "default": False},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def _remote(self, path):
+        """Turn a node path into rsync's remote form, or keep it local for local connections."""
+        conn = self._connection
+        if conn.transport in ("local", "ansible.builtin.local"):
+            return path, None
+        if conn.transport not in ("ssh", "ansible.builtin.ssh"):
+            raise AnsibleActionFail(
+                f"torchherd.cluster.rsync: connection '{conn.transport}' is not supported; "
+                "use the ssh or local connection for the nodes")
+        if conn.get_option("password"):
+            raise AnsibleActionFail(
+                "torchherd.cluster.rsync: password authentication cannot drive rsync; "
+                "set up SSH keys for the nodes (ansible_ssh_private_key_file)")
+        conn.host = conn.get_option("host") or self._play_context.remote_addr
+        ssh = [to_text(a) for a in conn._build_command(conn.get_option("ssh_executable"), "ssh")]
+        host = conn.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{path}", shlex.join(ssh)
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(argument_spec=_ARGS)
+        src = args["src"].rstrip("/") + "/"
+        dest = args["dest"].rstrip("/") + "/"
+        if args["direction"] == "push":
+            src = os.path.abspath(os.path.expanduser(src)) + "/"
+            if not os.path.isdir(src):
+                raise AnsibleActionFail(f"torchherd.cluster.rsync: source directory {src} "
+                                        "does not exist on the controller")
+            dest, ssh = self._remote(dest)
+        else:
+            os.makedirs(os.path.expanduser(dest), exist_ok=True)
+            src, ssh = self._remote(src)
+
+        argv = ["rsync", "-rlptD", "--itemize-changes", "--out-format=%i %n%L"]
+        if ssh:
+            argv += ["-e", ssh]
+        if args["checksum"]:
+            argv.append("--checksum")
+        if args["delete"]:
+            argv.append("--delete")
+        if self._task.check_mode:
+            argv.append("--dry-run")
+        argv += [f"--include={p}" for p in args["includes"]]
+        if args["only_included"]:
+            argv += ["--include=*/", "--exclude=*", "--prune-empty-dirs"]
+        argv += [f"--exclude={p}" for p in args["excludes"]]
+        argv += [src, dest]
+        if args["direction"] == "push" and not ssh:
+            os.makedirs(dest, exist_ok=True)
+        elif args["direction"] == "push":
+            # rsync creates only the last path component; make the parents first.
+            mk = self._low_level_execute_command(shlex.join(["mkdir", "-p", args["dest"]]))
+            if mk["rc"] != 0:
+                raise AnsibleActionFail(f"cannot create {args['dest']} on the node: "
+                                        f"{mk['stderr'].strip() or mk['stdout'].strip()}")
+
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        shown = argv if not ssh else argv[:argv.index("-e")] + argv[argv.index("-e") + 2:]
+        if proc.returncode != 0:
+            raise AnsibleActionFail(
+                f"rsync {args['direction']} failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-2000:]}", result={"cmd": shown})
+        changes = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        result.update(changed=bool(changes), changes=changes[:200], count=len(changes), cmd=shown)
+        return result

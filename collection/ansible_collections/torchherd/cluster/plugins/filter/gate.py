@@ -1,0 +1,255 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""The preflight gate: compare the facts of every node and decide whether the job may start."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gate
+author: torchherd developers
+version_added: 0.1.0
+short_description: Compare the nodes' preflight facts and list every reason the job cannot start
+description:
+  - Takes the facts C(torchherd.cluster.node_facts) gathered on each node and the plan.
+  - Checks that every node answered, that the job interpreter runs and imports torch, that
+    versions match across nodes, that rsync is there, that the master port is free on the master,
+    that nccl jobs have GPUs and NCCL, that no two nodes share GPUs, that no other run with this
+    run id is alive, and resolves O(plan.nproc_per_node=auto).
+  - Each problem names the host, the check, what was expected, what was found and the fix.
+positional: _input, hostvars, plan
+options:
+  _input:
+    description: The hosts of the run, in rank order.
+    type: list
+    elements: str
+    required: true
+  hostvars:
+    description: C(hostvars); each host's registered C(torchherd_facts) is read.
+    type: dict
+    required: true
+  plan:
+    description: The plan from C(torchherd.cluster.plan).
+    type: dict
+    required: true
+  match:
+    description: Fact keys that must be equal on every node.
+    type: list
+    elements: str
+    default: [python.version, torch.version, torch.cuda, torch.nccl]
+"""
+
+EXAMPLES = r"""
+- name: Compare the nodes
+  ansible.builtin.set_fact:
+    torchherd_gate: "{{ ansible_play_hosts_all | torchherd.cluster.gate(hostvars, torchherd_plan) }}"
+  run_once: true
+"""
+
+RETURN = r"""
+_value:
+  description: The verdict.
+  type: dict
+  contains:
+    ok:
+      description: Whether the job may start.
+      type: bool
+    problems:
+      description: One dict per problem with C(host), C(check), C(expected), C(found), C(fix).
+      type: list
+      elements: dict
+    nproc_per_node:
+      description: Processes per node with C(auto) resolved.
+      type: int
+    world_size:
+      description: Total number of ranks.
+      type: int
+    table:
+      description: A per-host table of the key facts and the problems, for people.
+      type: str
+"""
+
+DEFAULT_MATCH = ["python.version", "torch.version", "torch.cuda", "torch.nccl"]
+MIN_FREE_BYTES = 1 << 30
+
+FIXES = {
+    "python.version": "use the same Python everywhere: one venv built the same way on every "
+                      "node, named by torchherd_job.python",
+    "torch.version": "install the same torch on every node (pip install torch==<version> in the "
+                     "job's venv), or point torchherd_job.python at the venv that has it",
+    "torch.cuda": "install the torch build for the same CUDA version on every node",
+    "torch.nccl": "install the same torch build (it bundles NCCL) on every node",
+}
+
+
+def _get(facts, dotted):
+    value = facts
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _problem(host, check, expected, found, fix):
+    return {"host": host, "check": check, "expected": str(expected), "found": str(found),
+            "fix": fix}
+
+
+def _fmt_bytes(count):
+    return f"{count / (1 << 30):.1f} GiB"
+
+
+def gate(hosts, hostvars, plan, match=None):
+    match = DEFAULT_MATCH if match is None else list(match)
+    job = plan["job"]
+    master = plan["master"]["host"]
+    problems = []
+    facts = {}
+    for host in hosts:
+        result = (hostvars[host] if host in hostvars else {}).get("torchherd_facts") or {}
+        if result.get("unreachable"):
+            problems.append(_problem(host, "ssh", "the node answers over SSH",
+                                     (result.get("msg") or "unreachable").strip().splitlines()[0],
+                                     "check the address, the SSH key and that sshd runs on it "
+                                     "(ansible -m ping -i <inventory> " + host + ")"))
+        elif result.get("failed") or "torch" not in result:
+            problems.append(_problem(host, "facts", "node_facts to run",
+                                     (result.get("msg") or "no facts").strip()[:300],
+                                     "make sure the node has Python 3 for Ansible "
+                                     "(ansible_python_interpreter)"))
+        else:
+            facts[host] = result
+
+    for host, f in facts.items():
+        py, torch = f["python"], f["torch"]
+        if py.get("error") or not py.get("version"):
+            problems.append(_problem(host, "python", f"{py.get('path')} runs",
+                                     py.get("error") or "no version",
+                                     "set torchherd_job.python to an interpreter that exists "
+                                     "on every node"))
+        elif torch.get("error") or not torch.get("version"):
+            problems.append(_problem(host, "torch", f"torch importable by {py.get('path')}",
+                                     torch.get("error"),
+                                     f"install torch for {py.get('path')} (pip install torch), "
+                                     f"or set torchherd_job.python to the venv that has it"))
+        if not f.get("rsync"):
+            problems.append(_problem(host, "rsync", "rsync on the node", "not found",
+                                     "install rsync on the node (apt-get install rsync)"))
+        if f.get("disk_free_bytes", MIN_FREE_BYTES) < MIN_FREE_BYTES:
+            problems.append(_problem(host, "disk", f">= {_fmt_bytes(MIN_FREE_BYTES)} free at "
+                                     f"{f.get('root')}", _fmt_bytes(f["disk_free_bytes"]),
+                                     "free space or point torchherd_root elsewhere"))
+        run_dir_suffix = f"/runs/{plan['run_id']}"
+        for run_dir, pids in (f.get("running_jobs") or {}).items():
+            if run_dir.endswith(run_dir_suffix):
+                problems.append(_problem(host, "run id", f"run {plan['run_id']} not running",
+                                         f"running as pids {pids}",
+                                         "a run id starts once: stop it (playbooks/stop.yml) "
+                                         "or launch with another run id"))
+
+    usable = {h: f for h, f in facts.items() if f["torch"].get("version")}
+    reference_host = master if master in usable else next(iter(usable), None)
+    if reference_host:
+        ref = usable[reference_host]
+        for key in match:
+            for host, f in usable.items():
+                if host != reference_host and _get(f, key) != _get(ref, key):
+                    problems.append(_problem(host, f"same {key}",
+                                             f"{_get(ref, key)} (as on {reference_host})",
+                                             _get(f, key), FIXES.get(key, "make the nodes equal")))
+
+    if master in facts and facts[master].get("port_free") is False:
+        problems.append(_problem(master, "master port",
+                                 f"port {plan['master']['port']} free on the master",
+                                 "in use by another process",
+                                 "stop what listens there (ss -ltnp sport = :PORT) or set "
+                                 "torchherd_job.master_port to a free port"))
+
+    gpu_counts = {h: int(f["torch"].get("gpu_count") or 0) for h, f in usable.items()}
+    nproc = plan["nproc_per_node"]
+    if nproc == "auto":
+        counts = set(gpu_counts.values())
+        if len(counts) > 1:
+            for host, count in gpu_counts.items():
+                problems.append(_problem(host, "gpu count", "the same GPU count on every node "
+                                         "(nproc_per_node auto)", count,
+                                         "set nproc_per_node to a number every node has, or "
+                                         "fix CUDA_VISIBLE_DEVICES"))
+        nproc = max(min(counts) if counts else 0, 1)
+    backend = job.get("backend", "auto")
+    if backend == "auto":
+        backend = "nccl" if gpu_counts and min(gpu_counts.values()) > 0 else "gloo"
+    for host, f in usable.items():
+        t = f["torch"]
+        if backend == "nccl":
+            if not t.get("nccl_available"):
+                problems.append(_problem(host, "nccl", "torch with NCCL",
+                                         f"NCCL not available (torch {t.get('version')}, "
+                                         f"CUDA {t.get('cuda')})",
+                                         "install a CUDA build of torch, or use backend gloo"))
+            if gpu_counts[host] < nproc:
+                problems.append(_problem(host, "gpus", f">= {nproc} GPUs for nproc_per_node "
+                                         f"{nproc} with nccl", f"{gpu_counts[host]} GPUs",
+                                         "lower nproc_per_node to the GPU count (or auto), "
+                                         "check CUDA_VISIBLE_DEVICES, or use backend gloo on CPU"))
+        elif not t.get("gloo_available"):
+            problems.append(_problem(host, "gloo", "torch with gloo", "gloo not available",
+                                     "install a torch build with distributed support"))
+
+    # Two "nodes" on one machine sharing GPUs is NCCL's "Duplicate GPU detected".
+    owners = {}
+    for host, f in usable.items():
+        for gpu in f["torch"].get("gpus") or []:
+            key = gpu.get("uuid") or f"{f.get('hostname')}#{gpu.get('index')}"
+            owners.setdefault(key, []).append(host)
+    for key, hosts_sharing in owners.items():
+        if len(hosts_sharing) > 1 and backend == "nccl":
+            problems.append(_problem(", ".join(hosts_sharing), "duplicate gpu",
+                                     "each node its own GPUs", f"GPU {key} seen by all of them",
+                                     "list one inventory entry per machine, or give each entry "
+                                     "its own GPUs with CUDA_VISIBLE_DEVICES"))
+
+    rows = []
+    for host in hosts:
+        f = facts.get(host)
+        if f:
+            t = f["torch"]
+            rows.append([host, f.get("hostname") or "", (f["python"].get("version") or "-"),
+                         t.get("version") or "-", t.get("cuda") or "-", t.get("nccl") or "-",
+                         str(gpu_counts.get(host, 0))])
+        else:
+            rows.append([host, "-", "-", "-", "-", "-", "-"])
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "nproc_per_node": nproc,
+        "world_size": nproc * len(hosts),
+        "backend": backend,
+        "table": render(rows, problems),
+    }
+
+
+def render(rows, problems):
+    head = ["node", "hostname", "python", "torch", "cuda", "nccl", "gpus"]
+    lines = _table(head, rows)
+    if problems:
+        lines += ["", f"{len(problems)} problem(s):"]
+        lines += _table(["host", "check", "expected", "found", "fix"],
+                        [[p["host"], p["check"], p["expected"], p["found"], p["fix"]]
+                         for p in problems])
+    return "\n".join(lines)
+
+
+def _table(head, rows):
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    # The last column is left unpadded so long fixes do not widen every line.
+    widths[-1] = 0
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*head).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
+
+
+class FilterModule:
+    """torchherd preflight filters."""
+
+    def filters(self):
+        return {"gate": gate}

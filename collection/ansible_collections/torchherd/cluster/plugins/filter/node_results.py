@@ -1,0 +1,84 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Gather what the launch play registered on each node into one plain dict per host."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: node_results
+author: torchherd developers
+version_added: 0.1.0
+short_description: Collect the launch results registered on each node
+description:
+  - Reads C(torchherd_node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
+    C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
+    data for C(torchherd.cluster.run_summary).
+positional: _input, hostvars
+options:
+  _input:
+    description: The hosts of the run in rank order.
+    type: list
+    elements: str
+    required: true
+  hostvars:
+    description: C(hostvars).
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Summarize
+  torchherd.cluster.run_summary:
+    run_dir: runs/demo
+    plan: "{{ torchherd_plan }}"
+    results: "{{ ['node0', 'node1'] | torchherd.cluster.node_results(hostvars) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable), C(error), C(last_line), C(logs_fetched).
+  type: dict
+"""
+
+_KEYS = ("torchherd_stop", "torchherd_watch", "torchherd_status", "torchherd_start")
+
+
+def _plain(value):
+    return value if isinstance(value, dict) else {}
+
+
+def node_results(hosts, hostvars):
+    out = {}
+    for host in hosts:
+        hv = hostvars[host] if host in hostvars else {}
+        entry = {"node_rank": hv.get("torchherd_node_rank"), "job_state": None,
+                 "exit_code": None, "unreachable": False, "error": None, "last_line": "",
+                 "started_at": None, "ended_at": None, "logs_fetched": False}
+        # The latest word on the job wins: stop, then watch, then status, then start.
+        for key in _KEYS:
+            res = _plain(hv.get(key))
+            if res.get("unreachable"):
+                entry["unreachable"] = True
+                entry["error"] = (res.get("msg") or "unreachable").strip().splitlines()[0]
+                continue
+            if res.get("job_state"):
+                entry.update(job_state=res["job_state"], exit_code=res.get("exit_code"),
+                             last_line=res.get("last_line") or "",
+                             started_at=res.get("started_at"), ended_at=res.get("ended_at"))
+                break
+            if res.get("failed"):
+                entry["error"] = str(res.get("msg"))[:500]
+        collect = _plain(hv.get("torchherd_collect_logs"))
+        entry["logs_fetched"] = bool(collect) and not collect.get("unreachable") \
+            and "count" in collect
+        if collect.get("unreachable"):
+            entry["unreachable"] = True
+        out[host] = entry
+    return out
+
+
+class FilterModule:
+    """torchherd result filters."""
+
+    def filters(self):
+        return {"node_results": node_results}

@@ -1,0 +1,153 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Run directory of a job on one node, and the processes that belong to it.
+
+torchrun starts every worker in a session of its own, so a process group does not hold the
+whole job. Every process of a job inherits TORCHHERD_RUN=<run dir> in its environment instead;
+scanning /proc for it finds workers, their data loaders and anything they spawned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+MARKER = "TORCHHERD_RUN"
+
+
+def run_paths(root, run_id):
+    run_dir = os.path.join(os.path.expanduser(root), "runs", run_id)
+    return {
+        "dir": run_dir,
+        "pid": os.path.join(run_dir, "pid"),
+        "exit_code": os.path.join(run_dir, "exit_code"),
+        "stopped": os.path.join(run_dir, "stopped"),
+        "timed_out": os.path.join(run_dir, "timed_out"),
+        "log": os.path.join(run_dir, "node.log"),
+        "cmd": os.path.join(run_dir, "cmd.json"),
+        "env": os.path.join(run_dir, "env.json"),
+        "meta": os.path.join(run_dir, "meta.json"),
+        "torchrun_logs": os.path.join(run_dir, "torchrun"),
+    }
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def write_atomic(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def proc_start_time(pid):
+    """Start time of a process in clock ticks since boot: tells a live pid from a reused one."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def job_pids(run_dir):
+    """Pids of every live process carrying this run's marker (zombies excluded)."""
+    wanted = f"{MARKER}={run_dir}".encode()
+    own = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                status = handle.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if wanted in environ and status != "Z":
+            found.append(int(entry))
+    return sorted(found)
+
+
+def all_runs_with_processes():
+    """Run dirs of every job with live processes on this node (for stale-job checks)."""
+    runs = {}
+    prefix = f"{MARKER}=".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(prefix):
+                runs.setdefault(item[len(prefix):].decode(errors="replace"), []).append(int(entry))
+    return runs
+
+
+def read_state(paths):
+    """State of the job on this node: absent, running, succeeded, failed, stopped, timed_out, lost."""
+    pid_text = read_text(paths["pid"])
+    if pid_text is None:
+        return {"state": "absent", "pid": None, "exit_code": None}
+    pid, _, start = pid_text.partition(" ")
+    pid = int(pid)
+    code_text = read_text(paths["exit_code"])
+    if code_text is not None:
+        code = int(code_text)
+        if os.path.exists(paths["stopped"]):
+            state = "stopped"
+        elif os.path.exists(paths["timed_out"]):
+            state = "timed_out"
+        else:
+            state = "succeeded" if code == 0 else "failed"
+        return {"state": state, "pid": pid, "exit_code": code}
+    if proc_start_time(pid) == start or job_pids(paths["dir"]):
+        return {"state": "running", "pid": pid, "exit_code": None}
+    # The supervisor died without writing an exit code (node rebooted, OOM killer, kill -9).
+    return {"state": "lost", "pid": pid, "exit_code": None}
+
+
+def terminate(run_dir, pgid, grace):
+    """SIGTERM torchrun's group (it forwards to its workers), then SIGKILL whatever is left."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and job_pids(run_dir):
+        time.sleep(0.1)
+    killed = []
+    for _ in range(50):
+        left = job_pids(run_dir)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    return sorted(set(killed))
+
+
+def load_json(path, default=None):
+    text = read_text(path)
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default

@@ -1,0 +1,247 @@
+#!/usr/bin/python
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: node_facts
+author: torchherd developers
+version_added: 0.1.0
+short_description: Gather what a torchrun launch needs to know about one node, in one round trip
+description:
+  - Reports the job interpreter and its torch build (version, CUDA, NCCL, gloo, GPUs), the
+    node's host name and addresses, whether the master port is free, free disk at torchherd's
+    directory, and jobs of torchherd still running there.
+  - Replaces C(gather_facts) for launches: one module call per node, nothing else.
+  - The torch probe runs in a subprocess of the job's interpreter, which may differ from the
+    one running this module (a venv, say).
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  python:
+    description: Interpreter of the job; empty means the one running this module.
+    type: str
+    default: ""
+  root:
+    description: torchherd's directory on the node (runs and code live under it).
+    type: path
+    required: true
+  port:
+    description: Port to check for being free (the master port); 0 skips the check.
+    type: int
+    default: 0
+  probe_timeout:
+    description: Seconds allowed for importing torch in the job interpreter.
+    type: float
+    default: 60
+"""
+
+EXAMPLES = r"""
+- name: Gather node facts
+  torchherd.cluster.node_facts:
+    python: /opt/venv/bin/python
+    root: /var/tmp/torchherd
+    port: 29500
+  register: facts
+"""
+
+RETURN = r"""
+hostname:
+  description: The node's host name.
+  returned: always
+  type: str
+  sample: node0
+root:
+  description: torchherd's directory with C(~) expanded.
+  returned: always
+  type: str
+  sample: /root/.torchherd
+python:
+  description: Path, version and executable of the job interpreter; C(error) when it does not run.
+  returned: always
+  type: dict
+  sample: {path: /usr/bin/python3, version: 3.11.2, executable: /usr/bin/python3, error: null}
+torch:
+  description: The torch build of the job interpreter; C(error) says why it could not be imported.
+  returned: always
+  type: dict
+  sample:
+    version: 2.13.0+cpu
+    cuda: null
+    cuda_available: false
+    gpu_count: 0
+    gpus: []
+    nccl: null
+    nccl_available: false
+    gloo_available: true
+    error: null
+cuda_visible_devices:
+  description: CUDA_VISIBLE_DEVICES of the node's environment, null when unset.
+  returned: always
+  type: str
+  sample: "0,1"
+addresses:
+  description: IPv4 and IPv6 addresses by interface (loopback included).
+  returned: always
+  type: dict
+  sample: {eth0: [10.66.101.10]}
+port_free:
+  description: Whether O(port) can be bound on this node; null when not checked.
+  returned: always
+  type: bool
+  sample: true
+disk_free_bytes:
+  description: Free bytes on the file system holding O(root).
+  returned: always
+  type: int
+  sample: 52428800000
+rsync:
+  description: Path of rsync on the node, null when missing.
+  returned: always
+  type: str
+  sample: /usr/bin/rsync
+running_jobs:
+  description: Run directories of torchherd jobs with live processes on this node, with their pids.
+  returned: always
+  type: dict
+  sample: {}
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    all_runs_with_processes,
+)
+
+# Printed as one JSON line by the job interpreter; stays importable on Python 3.8+.
+TORCH_PROBE = r"""
+import json, platform, sys
+out = {"python": {"path": sys.executable, "version": platform.python_version()}}
+try:
+    import torch
+    import torch.distributed as dist
+    t = {"version": torch.__version__, "cuda": torch.version.cuda,
+         "cuda_available": bool(torch.cuda.is_available()), "gpus": [], "nccl": None,
+         "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
+         "gloo_available": bool(dist.is_available() and dist.is_gloo_available()), "error": None}
+    t["gpu_count"] = torch.cuda.device_count() if t["cuda_available"] else 0
+    for i in range(t["gpu_count"]):
+        p = torch.cuda.get_device_properties(i)
+        t["gpus"].append({"index": i, "name": p.name, "memory_bytes": int(p.total_memory),
+                          "uuid": str(getattr(p, "uuid", "") or "")})
+    if t["nccl_available"] and t["cuda_available"]:
+        v = torch.cuda.nccl.version()
+        t["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+except Exception as exc:
+    t = {"version": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+out["torch"] = t
+print(json.dumps(out))
+"""
+
+
+def probe_torch(python, timeout):
+    try:
+        proc = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except FileNotFoundError:
+        err = f"interpreter {python} not found"
+        return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
+    except subprocess.TimeoutExpired:
+        err = f"importing torch in {python} took more than {timeout:g} s"
+        return {"path": python, "version": None, "error": None}, {"version": None, "error": err}
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        err = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
+    out["python"].update(executable=python, error=None)
+    return out["python"], out["torch"]
+
+
+def addresses():
+    try:
+        proc = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True,
+                              timeout=10, check=False)
+        found = {}
+        for link in json.loads(proc.stdout or "[]"):
+            found[link["ifname"]] = [a["local"] for a in link.get("addr_info", []) if "local" in a]
+        return found
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        # No iproute2: fall back to what the resolver knows of our own name.
+        try:
+            infos = socket.getaddrinfo(socket.gethostname(), None)
+        except OSError:
+            return {}
+        return {"unknown": sorted({i[4][0] for i in infos})}
+
+
+def port_free(port):
+    """Bind like a server would (SO_REUSEADDR, so TIME_WAIT leftovers don't count as in use)."""
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((addr, port))
+        except OSError:
+            return False
+        finally:
+            sock.close()
+    return True
+
+
+def free_disk(path):
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    stat = os.statvfs(path or "/")
+    return stat.f_bavail * stat.f_frsize
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type="str", default=""),
+            root=dict(type="path", required=True),
+            port=dict(type="int", default=0),
+            probe_timeout=dict(type="float", default=60),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    python = p["python"] or sys.executable
+    py, torch = probe_torch(python, p["probe_timeout"])
+    root = os.path.abspath(os.path.expanduser(p["root"]))
+    module.exit_json(
+        changed=False,
+        hostname=socket.gethostname(),
+        root=root,
+        python=py,
+        torch=torch,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        addresses=addresses(),
+        port_free=port_free(p["port"]) if p["port"] else None,
+        disk_free_bytes=free_disk(root),
+        rsync=shutil.which("rsync"),
+        running_jobs=all_runs_with_processes(),
+    )
+
+
+if __name__ == "__main__":
+    main()

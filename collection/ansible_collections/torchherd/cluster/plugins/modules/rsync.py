@@ -1,0 +1,98 @@
+#!/usr/bin/python
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: rsync
+author: torchherd developers
+version_added: 0.1.0
+short_description: Copy a directory between the controller and a node with rsync
+description:
+  - Runs rsync on the controller, through the same SSH settings, and the same persistent
+    connection, that Ansible uses for the node (user, port, key, common args, ControlPath).
+    With the C(local) connection it copies on this machine.
+  - O(direction=push) copies code to the node (only what changed: rsync's delta transfer);
+    O(direction=pull) brings logs and artifacts back.
+  - Needs rsync on the controller and on the node, and key-based SSH (no password prompts).
+  - This is an action plugin; this file only documents it.
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: A second push of unchanged content transfers nothing and reports no change.
+options:
+  src:
+    description: Source directory (on the controller for push, on the node for pull); its content is copied.
+    type: str
+    required: true
+  dest:
+    description: Destination directory (on the node for push, on the controller for pull); created if missing.
+    type: str
+    required: true
+  direction:
+    description: C(push) copies to the node, C(pull) copies from it.
+    type: str
+    choices: [push, pull]
+    default: push
+  excludes:
+    description: rsync exclude patterns.
+    type: list
+    elements: str
+    default: []
+  includes:
+    description: rsync include patterns, applied before O(excludes); with O(only_included) only these are copied.
+    type: list
+    elements: str
+    default: []
+  only_included:
+    description: Copy only what O(includes) names (directories are traversed).
+    type: bool
+    default: false
+  delete:
+    description: Delete files in O(dest) that are not in O(src) (excluded files are kept).
+    type: bool
+    default: false
+  checksum:
+    description: Compare by checksum instead of size and modification time.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Push the code
+  torchherd.cluster.rsync:
+    src: ./
+    dest: /var/tmp/torchherd/code/train
+    excludes: [.git, .venv]
+
+- name: Pull the run directory back
+  torchherd.cluster.rsync:
+    direction: pull
+    src: /var/tmp/torchherd/runs/demo-1
+    dest: runs/demo-1/nodes/node0
+"""
+
+RETURN = r"""
+changes:
+  description: rsync's itemized changes, one per line (at most 200).
+  returned: always
+  type: list
+  elements: str
+  sample: [">f+++++++++ train.py"]
+count:
+  description: Number of itemized changes.
+  returned: always
+  type: int
+  sample: 1
+cmd:
+  description: The rsync command line (SSH options included), as an argv list.
+  returned: always
+  type: list
+  elements: str
+  sample: [rsync, -rlptD, --itemize-changes, ./, "node0:/var/tmp/torchherd/code/train/"]
+"""

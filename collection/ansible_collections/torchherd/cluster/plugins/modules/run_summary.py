@@ -1,0 +1,257 @@
+#!/usr/bin/python
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: run_summary
+author: torchherd developers
+version_added: 0.1.0
+short_description: Write summary.json of a run on the controller
+description:
+  - Runs on the controller once the nodes' run directories were fetched into
+    O(run_dir)C(/nodes/<host>/).
+  - Per host it records the node rank, the job state and exit code, and for a failed node the
+    failing global rank, the exception and its traceback, read from torchelastic's error files
+    or, when the script did not use C(@record), from the rank's own stderr log.
+  - Writes O(run_dir)C(/summary.json) and returns it with a per-node table for people.
+attributes:
+  check_mode:
+    support: none
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  run_dir:
+    description: The run's directory on the controller.
+    type: path
+    required: true
+  plan:
+    description: The plan (secrets redacted).
+    type: dict
+    required: true
+  results:
+    description: Per-host results from C(torchherd.cluster.node_results).
+    type: dict
+    required: true
+  marks:
+    description: Phase name to the Unix time it ended (preflight, sync, start, watch, collect).
+    type: dict
+    default: {}
+"""
+
+EXAMPLES = r"""
+- name: Write summary.json
+  torchherd.cluster.run_summary:
+    run_dir: runs/demo-1
+    plan: "{{ torchherd_plan | torchherd.cluster.redact }}"
+    results: "{{ torchherd_plan.nodes | map(attribute='host') | torchherd.cluster.node_results(hostvars) }}"
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+summary:
+  description: The content of summary.json.
+  returned: always
+  type: dict
+  sample:
+    run_id: demo-1
+    state: failed
+    reason: "node1 (node_rank 1) rank 3: RuntimeError: boom"
+    hosts:
+      node1:
+        node_rank: 1
+        state: failed
+        exit_code: 1
+        failing_rank: 3
+        exception: "RuntimeError: boom"
+table:
+  description: The per-node result as text.
+  returned: always
+  type: str
+  sample: "node   rank  state      exit  ..."
+"""
+
+import glob
+import json
+import os
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_BAD = ("failed", "lost", "timed_out")
+
+
+def _read(path, limit=1 << 20):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _traceback(text):
+    """The last traceback in a log and its final exception line."""
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None, None
+    block = text[start:].strip().splitlines()
+    exception = None
+    for line in block[1:]:
+        if line and not line.startswith((" ", "\t")):
+            exception = line.strip()
+            break
+    return "\n".join(block[:200]), exception
+
+
+def failure_of(node_dir):
+    """Failing rank, exception and traceback of one node, from error files, else from logs."""
+    found = {"failing_rank": None, "local_rank": None, "exception": None, "traceback": None}
+    for path in sorted(glob.glob(os.path.join(node_dir, "torchrun", "**", "error.json"),
+                                 recursive=True)):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        message = data.get("message", data)
+        if isinstance(message, dict):
+            extra = message.get("extraInfo") or message.get("extrainfo") or {}
+            found["traceback"] = extra.get("py_callstack")
+            text = str(message.get("message") or "")
+        else:
+            text = str(message)
+        found["exception"] = text.strip().splitlines()[-1] if text.strip() else None
+        local = os.path.basename(os.path.dirname(path))
+        found["local_rank"] = int(local) if local.isdigit() else None
+    node_log = _read(os.path.join(node_dir, "node.log"))
+    marker = node_log.rfind("Root Cause")
+    if marker >= 0:
+        match = _ROOT_CAUSE.search(node_log, marker)
+        if match:
+            found["failing_rank"] = int(match.group(1))
+            found["local_rank"] = int(match.group(2))
+    if found["exception"] is None and found["local_rank"] is not None:
+        logs = sorted(glob.glob(os.path.join(node_dir, "torchrun", "**", "attempt_*",
+                                             str(found["local_rank"]), "stderr.log"),
+                                recursive=True))
+        if logs:
+            found["traceback"], found["exception"] = _traceback(_read(logs[-1]))
+    if found["exception"] is None:
+        found["traceback"], found["exception"] = _traceback(node_log)
+    return found
+
+
+PHASES = ("preflight", "sync", "start", "watch", "collect")
+
+
+def phase_timings(started_at, marks):
+    """Seconds spent in each phase, from the times the phases ended."""
+    timings, last = {}, started_at
+    for phase in PHASES:
+        if phase in marks and last is not None:
+            timings[phase] = round(float(marks[phase]) - float(last), 3)
+            last = marks[phase]
+    if started_at is not None:
+        timings["total"] = round(time.time() - float(started_at), 3)
+    return timings
+
+
+def summarize(run_dir, plan, results, marks):
+    hosts = {}
+    for node in plan["nodes"]:
+        host = node["host"]
+        res = results.get(host, {})
+        node_dir = os.path.join(run_dir, "nodes", host)
+        state = res.get("job_state") or ("unreachable" if res.get("unreachable") else "unknown")
+        if res.get("unreachable") and state in ("running", "unknown"):
+            state = "lost"
+        entry = {
+            "node_rank": node["node_rank"], "address": node["address"], "state": state,
+            "exit_code": res.get("exit_code"), "unreachable": bool(res.get("unreachable")),
+            "error": res.get("error"), "last_line": res.get("last_line") or "",
+            "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
+            "log": os.path.join(node_dir, "node.log") if os.path.exists(
+                os.path.join(node_dir, "node.log")) else None,
+            "logs_fetched": bool(res.get("logs_fetched")),
+            "failing_rank": None, "exception": None, "traceback": None,
+        }
+        if state in _BAD:
+            entry.update(failure_of(node_dir))
+        hosts[host] = entry
+
+    states = [h["state"] for h in hosts.values()]
+    bad = [(name, h) for name, h in hosts.items() if h["state"] in _BAD + ("unreachable",)]
+    if bad:
+        overall = "failed"
+        # The node that failed first is the root cause; the rest were stopped after it.
+        name, h = min(bad, key=lambda item: (item[1]["ended_at"] or float("inf")))
+        if h["state"] in ("lost", "unreachable"):
+            reason = f"node {name} (node_rank {h['node_rank']}) was lost: {h['error'] or 'unreachable'}"
+        elif h["state"] == "timed_out":
+            reason = f"node {name} (node_rank {h['node_rank']}) hit the job timeout"
+        else:
+            rank = f" rank {h['failing_rank']}" if h["failing_rank"] is not None else ""
+            reason = (f"node {name} (node_rank {h['node_rank']}){rank}: "
+                      f"{h['exception'] or 'exit code ' + str(h['exit_code'])}")
+    elif states and all(s == "succeeded" for s in states):
+        overall, reason = "succeeded", "every node exited 0"
+    elif any(s == "running" for s in states):
+        overall, reason = "running", "the job is running"
+    elif states and all(s in ("stopped", "succeeded") for s in states):
+        overall, reason = "stopped", "the job was stopped"
+    else:
+        overall, reason = "unknown", f"node states: {', '.join(sorted(set(states)))}"
+    return {
+        "run_id": plan.get("run_id"), "state": overall, "reason": reason,
+        "run_dir": os.path.abspath(run_dir), "written_at": time.time(),
+        "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
+        "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
+        "timings": phase_timings(plan.get("started_at"), marks), "hosts": hosts,
+    }
+
+
+def table(summary):
+    rows = [["node", "rank", "state", "exit", "logs", "last line / error"]]
+    for name, h in summary["hosts"].items():
+        note = h["exception"] or h["error"] or h["last_line"]
+        rows.append([name, str(h["node_rank"]), h["state"],
+                     "-" if h["exit_code"] is None else str(h["exit_code"]),
+                     "yes" if h["logs_fetched"] else "no", (note or "")[:100]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    lines.append(f"run {summary['run_id']}: {summary['state']} ({summary['reason']})")
+    return "\n".join(lines)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            run_dir=dict(type="path", required=True),
+            plan=dict(type="dict", required=True),
+            results=dict(type="dict", required=True),
+            marks=dict(type="dict", default={}),
+        ),
+        supports_check_mode=False,
+    )
+    p = module.params
+    os.makedirs(p["run_dir"], exist_ok=True)
+    summary = summarize(p["run_dir"], p["plan"], p["results"], p["marks"])
+    path = os.path.join(p["run_dir"], "summary.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    module.exit_json(changed=True, summary=summary, table=table(summary), path=path)
+
+
+if __name__ == "__main__":
+    main()

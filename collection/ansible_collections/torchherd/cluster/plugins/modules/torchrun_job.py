@@ -1,0 +1,410 @@
+#!/usr/bin/python
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: torchrun_job
+author: torchherd developers
+version_added: 0.1.0
+short_description: Start, watch and stop one node's part of a torchrun job
+description:
+  - O(state=started) starts C(python -m torch.distributed.run) detached, in a session of its own,
+    under a small supervisor that writes the exit code when torchrun ends. The run directory
+    C(<root>/runs/<run_id>) holds the command line, the environment (secret values redacted),
+    the pid, the node log, torchrun's per-rank logs and error files, and the exit code.
+  - O(state=status) reports the job's state on this node without waiting.
+  - O(state=waiting) waits until the job ends on this node or O(wait_timeout) seconds pass,
+    whichever comes first, then reports; a watch loop repeats it.
+  - O(state=stopped) sends SIGTERM to torchrun (which stops its workers), then SIGKILL after
+    O(grace) seconds to every process that carries the run's marker; nothing of the job remains.
+  - Every process of the job inherits C(TORCHHERD_RUN=<run dir>) in its environment, which is how
+    stop and stale-job checks find workers that torchrun put in sessions of their own.
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: Starting a run id that is running or has ended changes nothing and fails; stopping a stopped job changes nothing.
+options:
+  state:
+    description: What to do.
+    type: str
+    choices: [started, status, waiting, stopped]
+    default: status
+  run_id:
+    description: Run id of the job.
+    type: str
+    required: true
+  root:
+    description: torchherd's directory on the node; runs live in C(<root>/runs/<run_id>).
+    type: path
+    required: true
+  python:
+    description: Interpreter that runs torchrun; empty means the one running this module.
+    type: str
+    default: ""
+  script:
+    description: Training script, relative to O(chdir) or absolute. Required with O(state=started).
+    type: str
+  args:
+    description: Script arguments.
+    type: list
+    elements: str
+    default: []
+  chdir:
+    description: Working directory of the job (the synced code).
+    type: path
+  nnodes:
+    description: Number of nodes, or C(MIN:MAX) for elastic rendezvous.
+    type: str
+    default: "1"
+  nproc_per_node:
+    description: Worker processes on this node.
+    type: int
+    default: 1
+  node_rank:
+    description: This node's rank (static rendezvous).
+    type: int
+    default: 0
+  master_addr:
+    description: Address of the master node.
+    type: str
+    default: 127.0.0.1
+  master_port:
+    description: Rendezvous port on the master.
+    type: int
+    default: 29500
+  rdzv:
+    description: C(static) passes O(node_rank); C(c10d) uses elastic rendezvous on the master.
+    type: str
+    choices: [static, c10d]
+    default: static
+  max_restarts:
+    description: Worker group restarts allowed.
+    type: int
+    default: 0
+  env:
+    description: Environment of the job.
+    type: dict
+    default: {}
+  secret_env:
+    description: Environment of the job whose values are never returned, logged or written.
+    type: dict
+    default: {}
+  timeout:
+    description: Wall-clock limit in seconds after which the supervisor stops the job; 0 means none.
+    type: int
+    default: 0
+  wait_timeout:
+    description: Longest wait in seconds for O(state=waiting).
+    type: float
+    default: 5
+  grace:
+    description: Seconds between SIGTERM and SIGKILL when stopping.
+    type: float
+    default: 10
+  meta:
+    description: Extra facts recorded in C(meta.json) (host, node_rank); returned by status.
+    type: dict
+    default: {}
+"""
+
+EXAMPLES = r"""
+- name: Start node 1 of a 2-node job
+  torchherd.cluster.torchrun_job:
+    state: started
+    run_id: demo-1
+    root: /var/tmp/torchherd
+    script: allreduce.py
+    chdir: /var/tmp/torchherd/code/allreduce
+    nnodes: "2"
+    nproc_per_node: 2
+    node_rank: 1
+    master_addr: 10.0.0.1
+    master_port: 29500
+
+- name: Wait up to 5 s for the job to end on each node
+  torchherd.cluster.torchrun_job:
+    state: waiting
+    run_id: demo-1
+    root: /var/tmp/torchherd
+    wait_timeout: 5
+
+- name: Stop the job
+  torchherd.cluster.torchrun_job:
+    state: stopped
+    run_id: demo-1
+    root: /var/tmp/torchherd
+"""
+
+RETURN = r"""
+job_state:
+  description: State on this node.
+  returned: always
+  type: str
+  sample: running
+  choices: [absent, running, succeeded, failed, stopped, timed_out, lost]
+exit_code:
+  description: torchrun's exit code once it ended (negative for a signal), else null.
+  returned: always
+  type: int
+  sample: 0
+pid:
+  description: Pid of torchrun (also its process group), null if the job never started here.
+  returned: always
+  type: int
+  sample: 4242
+run_dir:
+  description: Run directory on the node.
+  returned: always
+  type: str
+  sample: /var/tmp/torchherd/runs/demo-1
+log:
+  description: Path of the node log (torchrun's output with per-rank prefixes).
+  returned: always
+  type: str
+  sample: /var/tmp/torchherd/runs/demo-1/node.log
+last_line:
+  description: Last non-empty line of the node log.
+  returned: always
+  type: str
+  sample: "[default0]:rank 0 ok"
+cmd:
+  description: The torchrun command line, as an argv list.
+  returned: when O(state=started)
+  type: list
+  elements: str
+  sample: [/usr/bin/python3, -m, torch.distributed.run, --nnodes, "2"]
+killed:
+  description: Pids that needed SIGKILL when stopping.
+  returned: when O(state=stopped)
+  type: list
+  elements: int
+  sample: []
+started_at:
+  description: Unix time the job started on this node.
+  returned: when the job started
+  type: float
+  sample: 1763700000.5
+ended_at:
+  description: Unix time the job ended on this node.
+  returned: when the job ended
+  type: float
+  sample: 1763700010.2
+meta:
+  description: What O(meta) recorded at start.
+  returned: always
+  type: dict
+  sample: {host: node0, node_rank: 0}
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    MARKER,
+    job_pids,
+    load_json,
+    proc_start_time,
+    read_state,
+    read_text,
+    run_paths,
+    terminate,
+    write_atomic,
+)
+
+
+def torchrun_argv(p, paths):
+    python = p["python"] or sys.executable
+    argv = [python, "-m", "torch.distributed.run",
+            "--nnodes", p["nnodes"], "--nproc-per-node", str(p["nproc_per_node"]),
+            "--max-restarts", str(p["max_restarts"]),
+            # Per-rank stdout/stderr files plus a copy on torchrun's output, prefixed by rank.
+            "--log-dir", paths["torchrun_logs"], "--redirects", "3", "--tee", "3"]
+    if p["rdzv"] == "c10d":
+        argv += ["--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"{p['master_addr']}:{p['master_port']}",
+                 "--rdzv-id", p["run_id"]]
+    else:
+        argv += ["--node-rank", str(p["node_rank"]),
+                 "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
+    return argv + [p["script"]] + list(p["args"])
+
+
+def _last_line(path):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            lines = [ln for ln in handle.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _supervise(argv, env, cwd, paths, timeout, grace):
+    """Runs in the detached grandchild: start torchrun, wait, write the exit code."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.closerange(3, 65536)
+    code = 127
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
+        write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
+        try:
+            code = proc.wait(timeout=timeout or None)
+        except subprocess.TimeoutExpired:
+            write_atomic(paths["timed_out"], f"{time.time()}\n")
+            print(f"torchherd: job timed out after {timeout} s; stopping it", flush=True)
+            terminate(paths["dir"], proc.pid, grace)
+            code = proc.wait()
+    except OSError as exc:
+        print(f"torchherd: cannot start torchrun: {exc}", flush=True)
+        write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
+    finally:
+        write_atomic(paths["exit_code"], f"{code}\n")
+        meta = load_json(paths["meta"], {})
+        meta["ended_at"] = time.time()
+        write_atomic(paths["meta"], json.dumps(meta))
+        os._exit(0)
+
+
+def start(module, p, paths):
+    current = read_state(paths)
+    if current["state"] != "absent":
+        module.fail_json(
+            msg=f"run {p['run_id']} already exists on this node (state {current['state']}, "
+                f"run dir {paths['dir']}); a run id starts once: stop it or choose another run id",
+            job_state=current["state"], run_dir=paths["dir"])
+    if not p["script"]:
+        module.fail_json(msg="script is required with state=started")
+    argv = torchrun_argv(p, paths)
+    if module.check_mode:
+        module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
+                         run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"])
+    os.makedirs(paths["torchrun_logs"], exist_ok=True)
+    env = dict(os.environ)
+    # Ansible's own variables must not leak into the job.
+    for key in [k for k in env if k.startswith("ANSIBLE_")]:
+        del env[key]
+    env.update({k: str(v) for k, v in p["env"].items()})
+    env.update({k: str(v) for k, v in p["secret_env"].items()})
+    env.update({MARKER: paths["dir"], "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1"})
+    shown = {k: str(v) for k, v in p["env"].items()}
+    shown.update({k: "********" for k in p["secret_env"]})
+    write_atomic(paths["cmd"], json.dumps(argv))
+    write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))
+    started_at = time.time()
+    write_atomic(paths["meta"], json.dumps(dict(p["meta"], started_at=started_at)))
+
+    first = os.fork()
+    if first == 0:
+        # Double fork: the supervisor is re-parented to init and outlives this SSH session.
+        if os.fork() == 0:
+            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"])
+        os._exit(0)
+    os.waitpid(first, 0)
+    deadline = time.monotonic() + 10
+    while read_text(paths["pid"]) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    state = read_state(paths)
+    module.exit_json(changed=True, job_state=state["state"], pid=state["pid"],
+                     exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],
+                     log=paths["log"], last_line=_last_line(paths["log"]),
+                     started_at=started_at, meta=p["meta"])
+
+
+def report(module, paths, changed=False, **extra):
+    state = read_state(paths)
+    meta = load_json(paths["meta"], {})
+    module.exit_json(changed=changed, job_state=state["state"], pid=state["pid"],
+                     exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
+                     last_line=_last_line(paths["log"]), meta=meta,
+                     started_at=meta.get("started_at"), ended_at=meta.get("ended_at"), **extra)
+
+
+def wait(module, paths, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_state(paths)["state"] != "running":
+            break
+        time.sleep(0.2)
+    report(module, paths)
+
+
+def stop(module, p, paths):
+    state = read_state(paths)
+    left = job_pids(paths["dir"])
+    if state["state"] != "running" and not left:
+        report(module, paths, killed=[])
+    if module.check_mode:
+        report(module, paths, changed=True, killed=[])
+    write_atomic(paths["stopped"], f"{time.time()}\n")
+    killed = terminate(paths["dir"], state["pid"], p["grace"]) if state["pid"] else []
+    for pid in job_pids(paths["dir"]):
+        os.kill(pid, signal.SIGKILL)
+    # The supervisor writes the exit code once torchrun is reaped.
+    deadline = time.monotonic() + 5
+    while read_text(paths["exit_code"]) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if read_text(paths["exit_code"]) is None:
+        write_atomic(paths["exit_code"], f"{-signal.SIGKILL}\n")
+    report(module, paths, changed=True, killed=killed)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", default="status",
+                       choices=["started", "status", "waiting", "stopped"]),
+            run_id=dict(type="str", required=True),
+            root=dict(type="path", required=True),
+            python=dict(type="str", default=""),
+            script=dict(type="str"),
+            args=dict(type="list", elements="str", default=[]),
+            chdir=dict(type="path"),
+            nnodes=dict(type="str", default="1"),
+            nproc_per_node=dict(type="int", default=1),
+            node_rank=dict(type="int", default=0),
+            master_addr=dict(type="str", default="127.0.0.1"),
+            master_port=dict(type="int", default=29500),
+            rdzv=dict(type="str", default="static", choices=["static", "c10d"]),
+            max_restarts=dict(type="int", default=0),
+            env=dict(type="dict", default={}),
+            secret_env=dict(type="dict", default={}, no_log=True),
+            timeout=dict(type="int", default=0),
+            wait_timeout=dict(type="float", default=5),
+            grace=dict(type="float", default=10),
+            meta=dict(type="dict", default={}),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    paths = run_paths(p["root"], p["run_id"])
+    if p["state"] == "started":
+        start(module, p, paths)
+    elif p["state"] == "waiting":
+        wait(module, paths, p["wait_timeout"])
+    elif p["state"] == "stopped":
+        stop(module, p, paths)
+    report(module, paths)
+
+
+if __name__ == "__main__":
+    main()

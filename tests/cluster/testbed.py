@@ -1,0 +1,652 @@
+"""A real test cluster on one machine: podman containers running systemd and sshd as nodes.
+
+Each node has its own filesystem, hostname, processes and fixed IP on a dedicated podman
+network, and is reached from this host over real SSH, exactly as the driver reaches real
+machines. The image is built locally (debootstrap base, torch from a host-side wheelhouse)
+because no container registry is reachable; see /work/shared/TESTBED.md for the traps.
+
+    python -m tests.cluster.testbed build
+    python -m tests.cluster.testbed up demo -n 3 --subnet-index 5 [--extra outsider]
+    python -m tests.cluster.testbed status [demo] [--json]
+    python -m tests.cluster.testbed down demo
+
+State (wheelhouse, rootfs while building, SSH key, inventories) lives outside the repository
+in TORCHHERD_TESTBED_DIR, default /var/tmp/torchherd-testbed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+HERE = Path(__file__).resolve().parent
+CONTAINERS_CONF = HERE / "containers.conf"
+CONTAINERFILE = HERE / "Containerfile"
+
+BASE_IMAGE = "localhost/torchherd-node-base:latest"
+IMAGE_REPO = "localhost/torchherd-node"
+DEBIAN_SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# The node's /usr/bin/python3 (bookworm: 3.11) decides which wheels fit, not the host's python.
+NODE_PYTHON_VERSION = "3.11"
+NODE_GLIBC_MINOR = 36
+WHEEL_REQUIREMENTS = ("torch==2.13.0", "numpy")
+
+NODES_GROUP = "torchherd_nodes"
+EXTRAS_GROUP = "outsiders"
+LABEL_CLUSTER = "io.torchherd.testbed.cluster"
+LABEL_ROLE = "io.torchherd.testbed.role"
+LABEL_INDEX = "io.torchherd.testbed.index"
+LABEL_HASH = "io.torchherd.testbed.containerfile-sha256"
+
+FIRST_NODE_HOST = 10
+FIRST_EXTRA_HOST = 200
+MAX_SUBNET_INDEX = 155  # third octet 100 + index must stay <= 255
+SSH_OPTIONS = (
+    "-o", "StrictHostKeyChecking=no",
+    "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR",
+    "-o", "BatchMode=yes",
+)  # fmt: skip
+# Harmless noise of `podman exec` on hosts without a syslog socket; dropped so that callers
+# can compare a node's stderr.
+_PODMAN_NOISE = re.compile(r"^.*failed to connect to syslog.*\n?", re.MULTILINE)
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+
+T = TypeVar("T")
+
+
+class TestbedError(RuntimeError):
+    """The test cluster could not be built, started or used."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+class CommandError(TestbedError):
+    def __init__(self, argv: Sequence[str], result: subprocess.CompletedProcess[str]) -> None:
+        self.argv = list(argv)
+        self.result = result
+        stderr = (result.stderr or "").strip()
+        stdout = (result.stdout or "").strip()
+        detail = stderr[-4000:] or stdout[-4000:] or "(no output)"
+        super().__init__(
+            f"command failed with exit code {result.returncode}: {shlex.join(self.argv)}\n{detail}"
+        )
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("TORCHHERD_TESTBED_DIR", "/var/tmp/torchherd-testbed"))
+
+
+def _log(message: str) -> None:
+    print(f"[testbed] {message}", file=sys.stderr, flush=True)
+
+
+def _env() -> dict[str, str]:
+    # The project's containers.conf, never the machine's: see the comments in that file.
+    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float | None = None,
+    stream: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run argv with the testbed environment; stream=True sends its output to stderr live."""
+    try:
+        result = subprocess.run(
+            list(argv),
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr if stream else subprocess.PIPE,
+            stderr=sys.stderr if stream else subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise TestbedError(
+            f"{argv[0]} not found: run scripts/install-system-deps.sh first"
+        ) from exc
+    if check and result.returncode != 0:
+        raise CommandError(argv, result)
+    return result
+
+
+def podman(*args: str, check: bool = True, stream: bool = False) -> subprocess.CompletedProcess[str]:
+    return run(["podman", *args], check=check, stream=stream)
+
+
+def _timed(step: str, action: Callable[[], T]) -> T:
+    start = time.monotonic()
+    value = action()
+    _log(f"{step}: {time.monotonic() - start:.1f} s")
+    return value
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    # Two pytest sessions on one machine must not debootstrap or generate the key twice.
+    state_dir().mkdir(parents=True, exist_ok=True)
+    with open(state_dir() / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Image
+
+
+def image_tag() -> str:
+    """The node image tag for the current Containerfile: an edit there means a new tag."""
+    return f"{IMAGE_REPO}:{_containerfile_hash()[:12]}"
+
+
+def _containerfile_hash() -> str:
+    return hashlib.sha256(CONTAINERFILE.read_bytes()).hexdigest()
+
+
+def image_exists(ref: str) -> bool:
+    return podman("image", "exists", ref, check=False).returncode == 0
+
+
+def build(*, force: bool = False, stream: bool = False) -> str:
+    """Build the node image unless the one for this Containerfile exists; returns its tag."""
+    tag = image_tag()
+    with _locked("build"):
+        if not force and image_exists(tag):
+            _log(f"image {tag} present")
+            return tag
+        total = time.monotonic()
+        wheelhouse = _timed("wheelhouse", ensure_wheelhouse)
+        _timed("base image", lambda: ensure_base_image(stream=stream))
+        _timed("node image", lambda: _build_node_image(tag, wheelhouse, stream=stream))
+        _log(f"build total: {time.monotonic() - total:.1f} s")
+    return tag
+
+
+def ensure_wheelhouse() -> Path:
+    """Download torch and numpy wheels for the nodes' python into the state dir, once."""
+    wheelhouse = state_dir() / "wheelhouse"
+    marker = wheelhouse / ".complete"
+    wanted = "\n".join(WHEEL_REQUIREMENTS)
+    if marker.is_file() and marker.read_text() == wanted:
+        return wheelhouse
+    partial = state_dir() / "wheelhouse.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    target = [
+        "--only-binary=:all:",
+        "--implementation", "cp",
+        "--python-version", NODE_PYTHON_VERSION,
+        *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(17, NODE_GLIBC_MINOR + 1)),
+    ]  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "download", "--dest", str(partial), *target]
+    # torch alone first: a CUDA build would drag in gigabytes of nvidia packages, so stop
+    # before resolving its dependencies if pip found anything but the local CPU build.
+    torch_requirement = next(r for r in WHEEL_REQUIREMENTS if r.startswith("torch"))
+    run([*pip, "--no-deps", torch_requirement])
+    _check_torch_wheel(partial)
+    run([*pip, *WHEEL_REQUIREMENTS])
+    _check_torch_wheel(partial)
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    partial.rename(wheelhouse)
+    marker.write_text(wanted)
+    return wheelhouse
+
+
+def _check_torch_wheel(wheelhouse: Path) -> None:
+    wheels = sorted(wheelhouse.glob("torch-*.whl"))
+    if len(wheels) != 1:
+        raise TestbedError(f"expected one torch wheel in {wheelhouse}, found {wheels}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        metadata_name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = wheel.read(metadata_name).decode()
+    cuda = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: nvidia")]
+    if cuda or any(wheelhouse.glob("nvidia_*.whl")):
+        raise TestbedError(
+            f"pip resolved {wheels[0].name}, a CUDA build of torch ({', '.join(cuda[:3])}...); "
+            "the nodes need the CPU build: make pip find it (find-links or index) and retry"
+        )
+
+
+def ensure_base_image(*, stream: bool = False) -> None:
+    """debootstrap a minimal bookworm and import it: no registry can provide a base image."""
+    if image_exists(BASE_IMAGE):
+        return
+    if os.geteuid() != 0:
+        raise TestbedError("debootstrap of the base image needs root")
+    rootfs = state_dir() / "rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    mirror = os.environ.get("TORCHHERD_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    try:
+        run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs), mirror], stream=stream)
+        _import_rootfs(rootfs, BASE_IMAGE)
+    finally:
+        shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def _import_rootfs(rootfs: Path, ref: str) -> None:
+    tar_argv = ["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."]
+    import_argv = ["podman", "import", "-", ref]
+    with subprocess.Popen(tar_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
+        assert tar.stdout is not None
+        imported = subprocess.run(
+            import_argv, stdin=tar.stdout, capture_output=True, text=True, env=_env(), check=False
+        )
+        tar.stdout.close()
+        tar_stderr = tar.stderr.read().decode() if tar.stderr else ""
+    if tar.returncode != 0:
+        raise CommandError(tar_argv, subprocess.CompletedProcess(tar_argv, tar.returncode, "", tar_stderr))
+    if imported.returncode != 0:
+        raise CommandError(import_argv, imported)
+
+
+def _build_node_image(tag: str, wheelhouse: Path, *, stream: bool = False) -> None:
+    podman(
+        "build",
+        "--file", str(CONTAINERFILE),
+        "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+        "--volume", f"{wheelhouse}:/wheelhouse:ro",
+        "--label", f"{LABEL_HASH}={_containerfile_hash()}",
+        "--tag", tag,
+        "--tag", f"{IMAGE_REPO}:latest",
+        str(HERE),
+        stream=stream,
+    )  # fmt: skip
+    # Older tags are 1.3 GB each; one still used by a running cluster stays (rmi fails).
+    listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO).stdout.split()
+    for old in listed:
+        if old not in (tag, f"{IMAGE_REPO}:latest"):
+            podman("rmi", old, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    ip: str
+
+
+NodeRef = Node | str | int
+
+
+@dataclass
+class Cluster:
+    name: str
+    nodes: list[Node]
+    inventory: Path
+    key: Path
+    extras: list[Node] = field(default_factory=list)
+
+    @property
+    def network(self) -> str:
+        return network_name(self.name)
+
+    def node(self, ref: NodeRef) -> Node:
+        """A node or extra container by Node, index into nodes, or (short or full) name."""
+        if isinstance(ref, Node):
+            return ref
+        if isinstance(ref, int):
+            return self.nodes[ref]
+        for candidate in (*self.nodes, *self.extras):
+            if ref in (candidate.name, candidate.name.removeprefix(f"{self.name}-")):
+                return candidate
+        raise KeyError(f"cluster {self.name} has no node {ref!r}")
+
+    def exec(
+        self, node: NodeRef, argv: Sequence[str], check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run argv inside the node with podman exec (works whatever state sshd is in)."""
+        result = run(["podman", "exec", self.node(node).name, *argv], check=False, timeout=timeout)
+        result.stderr = _PODMAN_NOISE.sub("", result.stderr)
+        if check and result.returncode != 0:
+            raise CommandError(result.args, result)
+        return result
+
+    def ssh_argv(self, node: NodeRef, *, connect_timeout: int = 5) -> list[str]:
+        """The ssh command line up to the remote command, for callers that need a Popen."""
+        return [
+            "ssh", "-i", str(self.key), *SSH_OPTIONS,
+            "-o", f"ConnectTimeout={connect_timeout}",
+            f"root@{self.node(node).ip}",
+        ]  # fmt: skip
+
+    def ssh(
+        self, node: NodeRef, argv: Sequence[str], check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run argv on the node over real SSH (quoted: the remote side runs it via a shell)."""
+        return run([*self.ssh_argv(node), shlex.join(argv)], check=check, timeout=timeout)
+
+    def stop_sshd(self, node: NodeRef) -> None:
+        """Make new SSH connections to the node fail with "connection refused"."""
+        self.exec(node, ["systemctl", "stop", "ssh.socket", "ssh.service"])
+
+    def start_sshd(self, node: NodeRef) -> None:
+        self.exec(node, ["systemctl", "start", "ssh.service"])
+
+    def kill(self, node: NodeRef) -> None:
+        """SIGKILL the whole node, as if the machine lost power."""
+        podman("kill", self.node(node).name)
+
+    def pids(self, node: NodeRef, pattern: str) -> list[int]:
+        """PIDs of the node's processes whose full command line matches the regex pattern."""
+        result = self.exec(node, ["pgrep", "-f", pattern], check=False)
+        if result.returncode not in (0, 1):  # 1 means no match
+            raise CommandError(result.args, result)
+        return [int(pid) for pid in result.stdout.split()]
+
+    def read_file(self, node: NodeRef, path: str) -> str:
+        return self.exec(node, ["cat", path]).stdout
+
+    def wait_ssh(self, timeout: float = 60.0) -> None:
+        """Wait until every node and extra accepts a real SSH login."""
+        deadline = time.monotonic() + timeout
+        pending = {node.name: node for node in (*self.nodes, *self.extras)}
+        last_error: dict[str, str] = {}
+        while pending:
+            for name, node in list(pending.items()):
+                result = run([*self.ssh_argv(node, connect_timeout=2), "true"], check=False)
+                if result.returncode == 0:
+                    del pending[name]
+                else:
+                    last_error[name] = result.stderr.strip() or f"exit code {result.returncode}"
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TestbedError(
+                    f"no SSH login within {timeout:.0f} s on: "
+                    + "; ".join(self._diagnose(node, last_error[n]) for n, node in pending.items())
+                )
+            time.sleep(0.2)
+
+    def _diagnose(self, node: Node, ssh_error: str) -> str:
+        state = podman(
+            "inspect", "--format", "{{.State.Status}}", node.name, check=False
+        ).stdout.strip()
+        boot = self.exec(node, ["systemctl", "is-system-running"], check=False).stdout.strip()
+        failed = self.exec(
+            node, ["systemctl", "--failed", "--no-legend", "--plain"], check=False
+        ).stdout.strip()
+        return (
+            f"{node.name} ({node.ip}): ssh said {ssh_error!r}; container {state or 'missing'}, "
+            f"systemd {boot or 'unknown'}, failed units: {failed or 'none'}"
+        )
+
+    def down(self) -> None:
+        down(self.name)
+
+
+def network_name(cluster: str) -> str:
+    return f"torchherd-{cluster}"
+
+
+def subnet_prefix(subnet_index: int) -> str:
+    """First three octets of a cluster's /24: 10.66.(100+index); 10.88/16 is podman's own."""
+    if not 0 <= subnet_index <= MAX_SUBNET_INDEX:
+        raise ValueError(f"subnet_index must be in 0..{MAX_SUBNET_INDEX}, got {subnet_index}")
+    return f"10.66.{100 + subnet_index}"
+
+
+def mac_for(ip: str) -> str:
+    # Fixed per IP (locally administered): a recreated node otherwise gets a new random MAC
+    # and stays unreachable ~30 s while the host and the other nodes keep the old ARP entry.
+    return "02:42:" + ":".join(f"{int(octet):02x}" for octet in ip.split("."))
+
+
+def ensure_key() -> Path:
+    """The harness's SSH key (ed25519, no passphrase), generated once in the state dir."""
+    key = state_dir() / "id_ed25519"
+    with _locked("key"):
+        if not key.is_file() or not key.with_suffix(".pub").is_file():
+            key.unlink(missing_ok=True)
+            key.with_suffix(".pub").unlink(missing_ok=True)
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "torchherd-testbed",
+                 "-f", str(key)])  # fmt: skip
+        # Mounted into the nodes as an AuthorizedKeysFile: sshd's StrictModes wants it
+        # not writable by group or others.
+        key.with_suffix(".pub").chmod(0o644)
+    return key
+
+
+def up(
+    name: str,
+    n: int,
+    subnet_index: int,
+    *,
+    extra: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> Cluster:
+    """Start (or recreate) cluster `name`: n nodes <name>-node<i> at 10.66.(100+idx).(10+i),
+    plus extra containers <name>-<extra> at .200, .201, ... outside the node group."""
+    if not _NAME_RE.match(name):
+        raise ValueError(f"cluster name must match {_NAME_RE.pattern}, got {name!r}")
+    if not 1 <= n <= FIRST_EXTRA_HOST - FIRST_NODE_HOST:
+        raise ValueError(f"n must be in 1..{FIRST_EXTRA_HOST - FIRST_NODE_HOST}, got {n}")
+    for short in extra:
+        if not _NAME_RE.match(short) or re.fullmatch(r"node\d+", short):
+            raise ValueError(f"bad extra container name {short!r}")
+    prefix = subnet_prefix(subnet_index)
+    image = build()
+    key = ensure_key()
+    start = time.monotonic()
+
+    nodes = [Node(f"{name}-node{i}", f"{prefix}.{FIRST_NODE_HOST + i}") for i in range(n)]
+    extras = [Node(f"{name}-{x}", f"{prefix}.{FIRST_EXTRA_HOST + j}") for j, x in enumerate(extra)]
+    cluster_dir = state_dir() / name
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    _remove_containers(name, [node.name for node in (*nodes, *extras)])
+    _ensure_network(network_name(name), f"{prefix}.0/24")
+    for role, members in (("node", nodes), ("extra", extras)):
+        for index, node in enumerate(members):
+            _start_container(name, node, role, index, image, key, cluster_dir)
+
+    inventory = cluster_dir / "inventory.ini"
+    inventory.write_text(render_inventory(nodes, extras, key))
+    cluster = Cluster(name=name, nodes=nodes, inventory=inventory, key=key, extras=extras)
+    cluster.wait_ssh(timeout)
+    _log(f"up {name}: {n} nodes, {len(extras)} extra in {time.monotonic() - start:.1f} s")
+    return cluster
+
+
+def _start_container(
+    cluster: str, node: Node, role: str, index: int, image: str, key: Path, cluster_dir: Path
+) -> None:
+    # Without its own machine-id every node shares the host's and systemd boots "degraded";
+    # derived from the name so that a recreated node keeps its identity.
+    machine_id = cluster_dir / f"{node.name}.machine-id"
+    machine_id.write_text(hashlib.md5(f"torchherd-testbed/{node.name}".encode()).hexdigest() + "\n")
+    podman(
+        "run", "--detach",
+        "--name", node.name,
+        "--hostname", node.name,
+        "--network", network_name(cluster),
+        "--ip", node.ip,
+        "--mac-address", mac_for(node.ip),
+        "--cap-add", "NET_ADMIN,NET_RAW",
+        "--systemd", "always",
+        "--volume", f"{machine_id}:/etc/machine-id:ro",
+        "--volume", f"{key.with_suffix('.pub')}:/etc/ssh/torchherd_authorized_keys:ro",
+        "--label", f"{LABEL_CLUSTER}={cluster}",
+        "--label", f"{LABEL_ROLE}={role}",
+        "--label", f"{LABEL_INDEX}={index}",
+        image,
+        "/lib/systemd/systemd",
+    )  # fmt: skip
+
+
+def _remove_containers(cluster: str, names: Sequence[str]) -> None:
+    listed = podman(
+        "ps", "--all", "--filter", f"label={LABEL_CLUSTER}={cluster}", "--format", "{{.Names}}"
+    ).stdout.split()
+    targets = sorted({*listed, *names})
+    if targets:
+        podman("rm", "--force", "--ignore", "--time", "0", *targets)
+
+
+def _ensure_network(network: str, subnet: str) -> None:
+    inspected = podman("network", "inspect", network, check=False)
+    if inspected.returncode == 0:
+        subnets = [s.get("subnet") for s in json.loads(inspected.stdout)[0].get("subnets") or []]
+        if subnets == [subnet]:
+            return
+        podman("network", "rm", network)
+    created = podman("network", "create", "--subnet", subnet, network, check=False)
+    if created.returncode != 0:
+        hint = ""
+        if "already" in created.stderr:
+            hint = (
+                f"\nanother network uses {subnet}: pick another subnet_index, or remove a stale "
+                "cluster with `python -m tests.cluster.testbed down NAME` (see `status`)"
+            )
+        raise TestbedError(f"{CommandError(created.args, created)}{hint}")
+
+
+def render_inventory(nodes: Sequence[Node], extras: Sequence[Node], key: Path) -> str:
+    """Ansible INI inventory: nodes in order (order gives node_rank), extras in their own group."""
+    variables = [
+        "ansible_user=root",
+        f"ansible_ssh_private_key_file={key}",
+        "ansible_python_interpreter=/usr/bin/python3",
+        "ansible_ssh_common_args='" + " ".join(SSH_OPTIONS[:6]) + "'",
+    ]
+    lines: list[str] = []
+    for group, members in ((NODES_GROUP, nodes), (EXTRAS_GROUP, extras)):
+        if not members:
+            continue
+        lines += [f"[{group}]", *(f"{m.name} ansible_host={m.ip}" for m in members), ""]
+        lines += [f"[{group}:vars]", *variables, ""]
+    return "\n".join(lines)
+
+
+def attach(name: str) -> Cluster:
+    """The Cluster object of a running cluster started earlier (by another process)."""
+    listed = podman(
+        "ps", "--all", "--filter", f"label={LABEL_CLUSTER}={name}", "--format", "json"
+    ).stdout
+    members: dict[str, list[tuple[int, Node]]] = {"node": [], "extra": []}
+    for container in json.loads(listed or "[]"):
+        labels = container.get("Labels") or {}
+        inspected = podman(
+            "inspect", "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            container["Names"][0],
+        ).stdout.strip()  # fmt: skip
+        node = Node(container["Names"][0], inspected)
+        members[labels.get(LABEL_ROLE, "node")].append((int(labels.get(LABEL_INDEX, 0)), node))
+    if not members["node"] and not members["extra"]:
+        raise TestbedError(f"no cluster named {name!r} (no container labelled {LABEL_CLUSTER}={name})")
+    return Cluster(
+        name=name,
+        nodes=[node for _, node in sorted(members["node"], key=lambda m: m[0])],
+        inventory=state_dir() / name / "inventory.ini",
+        key=state_dir() / "id_ed25519",
+        extras=[node for _, node in sorted(members["extra"], key=lambda m: m[0])],
+    )
+
+
+def down(name: str) -> None:
+    """Remove the cluster's containers, network and state; fine if already gone."""
+    _remove_containers(name, [])
+    network = network_name(name)
+    if podman("network", "exists", network, check=False).returncode == 0:
+        podman("network", "rm", "--force", network)
+    shutil.rmtree(state_dir() / name, ignore_errors=True)
+
+
+def status(name: str | None = None) -> list[dict[str, str]]:
+    """One entry per testbed container: cluster, role, name, ip, state."""
+    label = f"label={LABEL_CLUSTER}" + (f"={name}" if name else "")
+    listed = podman("ps", "--all", "--filter", label, "--format", "json").stdout
+    rows = []
+    for container in json.loads(listed or "[]"):
+        labels = container.get("Labels") or {}
+        ips = [
+            network.get("ip") or ""
+            for network in (container.get("Networks") or [])
+            if isinstance(network, dict)
+        ]
+        rows.append(
+            {
+                "cluster": labels.get(LABEL_CLUSTER, ""),
+                "role": labels.get(LABEL_ROLE, ""),
+                "name": container["Names"][0],
+                "ip": ",".join(ips),
+                "state": container.get("State", ""),
+            }
+        )
+    return sorted(rows, key=lambda row: (row["cluster"], row["role"] != "node", row["name"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster.testbed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_cmd = commands.add_parser("build", help="build the node image (no-op when present)")
+    build_cmd.add_argument("--force", action="store_true", help="rebuild the node image")
+    up_cmd = commands.add_parser("up", help="start or recreate a cluster, wait for SSH")
+    up_cmd.add_argument("name")
+    up_cmd.add_argument("-n", "--nodes", type=int, default=2)
+    up_cmd.add_argument("--subnet-index", type=int, default=0, help=f"0..{MAX_SUBNET_INDEX}")
+    up_cmd.add_argument("--extra", action="append", default=[], help="extra container (repeat)")
+    up_cmd.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for SSH")
+    up_cmd.add_argument("--json", action="store_true")
+    down_cmd = commands.add_parser("down", help="remove a cluster")
+    down_cmd.add_argument("name")
+    status_cmd = commands.add_parser("status", help="list testbed containers")
+    status_cmd.add_argument("name", nargs="?")
+    status_cmd.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "build":
+            print(build(force=args.force, stream=True))
+        elif args.command == "up":
+            cluster = up(args.name, args.nodes, args.subnet_index, extra=args.extra,
+                         timeout=args.timeout)  # fmt: skip
+            if args.json:
+                print(json.dumps(asdict(cluster), default=str, indent=2))
+            else:
+                print(cluster.inventory)
+        elif args.command == "down":
+            down(args.name)
+        elif args.command == "status":
+            rows = status(args.name)
+            if args.json:
+                print(json.dumps(rows, indent=2))
+            else:
+                for row in rows:
+                    print(f"{row['cluster']:<12} {row['role']:<6} {row['name']:<24} "
+                          f"{row['ip']:<16} {row['state']}")  # fmt: skip
+    except (TestbedError, ValueError) as exc:
+        print(f"testbed: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
