@@ -24,7 +24,9 @@ def main() -> int:
                         help="seconds to sleep after the all-reduce (a long-running job)")
     args = parser.parse_args()
 
-    backend = os.environ.get("TORCHHERD_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    # torchherd resolves the backend in preflight; standalone runs pick it here.
+    backend = os.environ.get("TORCHHERD_BACKEND") or (
+        "nccl" if torch.cuda.is_available() else "gloo")
     local_rank = int(os.environ["LOCAL_RANK"])
     if backend == "nccl":
         torch.cuda.set_device(local_rank)

@@ -106,7 +106,7 @@ def gate(hosts, hostvars, plan, match=None):
     problems = []
     facts = {}
     for host in hosts:
-        result = (hostvars[host] if host in hostvars else {}).get("torchherd_facts") or {}
+        result = hostvars.get(host, {}).get("torchherd_facts") or {}
         if result.get("unreachable"):
             problems.append(_problem(host, "ssh", "the node answers over SSH",
                                      (result.get("msg") or "unreachable").strip().splitlines()[0],

@@ -50,7 +50,7 @@ def _plain(value):
 def node_results(hosts, hostvars):
     out = {}
     for host in hosts:
-        hv = hostvars[host] if host in hostvars else {}
+        hv = hostvars.get(host, {})
         entry = {"node_rank": hv.get("torchherd_node_rank"), "job_state": None,
                  "exit_code": None, "unreachable": False, "error": None, "last_line": "",
                  "started_at": None, "ended_at": None, "logs_fetched": False}

@@ -87,7 +87,7 @@ def job_defaults(spec_path=SPEC_PATH):
 
 
 def _address(name, hostvars):
-    hv = hostvars[name] if name in hostvars else {}
+    hv = hostvars.get(name, {})
     for key in ("torchherd_address", "ansible_host"):
         value = hv.get(key)
         if value:

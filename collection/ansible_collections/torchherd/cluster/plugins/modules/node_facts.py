@@ -121,7 +121,6 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )

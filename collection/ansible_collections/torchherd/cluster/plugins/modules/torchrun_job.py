@@ -210,7 +210,6 @@ import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     MARKER,
     job_pids,

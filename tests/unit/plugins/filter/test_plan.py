@@ -1,0 +1,142 @@
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.torchherd.cluster.plugins.filter.plan import job_defaults, plan, redact
+
+GROUPS = {"torchherd_nodes": ["a", "b", "c"], "other": ["x"]}
+HOSTVARS = {
+    "a": {"ansible_host": "10.0.0.1"},
+    "b": {"ansible_host": "10.0.0.2"},
+    "c": {"ansible_host": "c.mgmt", "torchherd_address": "10.0.1.3"},
+    "x": {},
+}
+
+
+def run(groups=GROUPS, hostvars=HOSTVARS, **job):
+    job.setdefault("script", "train.py")
+    return plan(job, groups, hostvars)
+
+
+def fails(match, **kwargs):
+    with pytest.raises(AnsibleFilterError, match=match) as info:
+        run(**kwargs)
+    return str(info.value)
+
+
+def test_ranks_follow_inventory_order():
+    p = run(nproc_per_node=2)
+    assert [(n["host"], n["node_rank"]) for n in p["nodes"]] == [("a", 0), ("b", 1), ("c", 2)]
+    assert p["nnodes"] == "3"
+    assert p["world_size"] == 6
+    assert p["master"] == {"host": "a", "addr": "10.0.0.1", "port": 29500}
+
+
+def test_torchherd_address_wins_over_ansible_host_and_name_is_last_resort():
+    p = run(groups={"torchherd_nodes": ["c", "x"]})
+    assert [n["address"] for n in p["nodes"]] == ["10.0.1.3", "x"]
+
+
+def test_defaults_come_from_the_argument_spec():
+    p = run()
+    assert p["job"]["master_port"] == 29500
+    assert p["job"]["rdzv"] == "static"
+    assert p["nproc_per_node"] == "auto" and p["world_size"] is None
+    assert p["job"]["name"] == "train"
+    assert set(job_defaults()) <= set(p["job"])
+
+
+def test_named_master_and_address_override():
+    p = run(master="b", master_addr="192.168.1.2", master_port="29600")
+    assert p["master"] == {"host": "b", "addr": "192.168.1.2", "port": 29600}
+    # node ranks stay in inventory order; only the rendezvous moves
+    assert p["nodes"][0]["host"] == "a"
+
+
+def test_explicit_node_order():
+    p = run(nodes=["c", "a"])
+    assert [n["host"] for n in p["nodes"]] == ["c", "a"]
+    assert p["master"]["host"] == "c"
+
+
+def test_numeric_string_nproc_is_accepted():
+    assert run(nproc_per_node="4")["world_size"] == 12
+
+
+@pytest.mark.parametrize("groups", [{"torchherd_nodes": []}, {}])
+def test_empty_or_missing_group(groups):
+    msg = fails("node group 'torchherd_nodes'", groups=groups)
+    assert "[torchherd_nodes]" in msg
+
+
+def test_other_group_name_is_named():
+    fails("node group 'gpu'", node_group="gpu")
+
+
+def test_host_listed_twice():
+    msg = fails("host a: expected each node once, found it listed 2 times", nodes=["a", "b", "a"])
+    assert "fix:" in msg
+
+
+def test_node_not_in_group():
+    fails("host x: expected a member of group 'torchherd_nodes'", nodes=["a", "x"])
+
+
+def test_two_hosts_with_the_same_address():
+    hv = dict(HOSTVARS, b={"ansible_host": "10.0.0.1"})
+    msg = fails(r"hosts a, b: expected one address per node, found all of them at 10.0.0.1",
+                hostvars=hv)
+    assert "ansible_host" in msg
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, 70000, "http", "29500x", True, 1.5])
+def test_port_out_of_range(port):
+    fails("job.master_port: expected an integer in 1..65535", master_port=port)
+
+
+@pytest.mark.parametrize("port", [1, 1024, 65535, "29501"])
+def test_port_in_range(port):
+    assert run(master_port=port)["master"]["port"] == int(port)
+
+
+@pytest.mark.parametrize("nproc", [0, -2, "zero", "", "2.5", 1.5, True, False, [2], "Auto"])
+def test_bad_nproc_per_node(nproc):
+    fails("job.nproc_per_node: expected a positive integer or 'auto'", nproc_per_node=nproc)
+
+
+def test_unknown_master():
+    fails("job.master: expected one of the nodes", master="zz")
+
+
+def test_missing_script():
+    fails("job.script: expected the training script", script="")
+
+
+def test_every_problem_is_reported_at_once():
+    hv = dict(HOSTVARS, b={"ansible_host": "10.0.0.1"})
+    msg = fails("cannot start", hostvars=hv, master_port=0, nproc_per_node=0)
+    assert msg.count("\n  - ") == 3
+
+
+def test_elastic_range():
+    p = run(rdzv="c10d", nnodes="2:3")
+    assert p["nnodes"] == "2:3"
+    fails("expected MIN <= 3 nodes <= MAX", rdzv="c10d", nnodes="1:2")
+    fails("expected MIN:MAX", rdzv="c10d", nnodes="3:2")
+    fails("expected it empty with rdzv 'static'", nnodes="2:3")
+
+
+def test_run_id_must_be_path_safe():
+    fails("job.run_id: expected letters", run_id="../etc")
+    assert run(run_id="exp-1.2_a")["run_id"] == "exp-1.2_a"
+
+
+def test_not_a_dict():
+    with pytest.raises(AnsibleFilterError, match="expected a dict"):
+        plan(["script"], GROUPS, HOSTVARS)
+
+
+def test_redact_hides_secret_values_only():
+    p = run(env={"A": "1"}, secret_env={"TOKEN": "hunter2"})
+    shown = redact(p)
+    assert shown["job"]["secret_env"] == {"TOKEN": "********"}
+    assert shown["job"]["env"] == {"A": "1"}
+    assert p["job"]["secret_env"] == {"TOKEN": "hunter2"}
