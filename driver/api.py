@@ -111,10 +111,10 @@ def result_of(run_id: str, run_dir: Path, outcome: Outcome, cancelled: bool) -> 
                      timings=(summary or {}).get("timings", {}), summary=summary or {})
 
 
-def _prepare(job: dict[str, Any], runs_dir: str | Path) -> dict[str, Any]:
+def _prepare(job: dict[str, Any], runs_dir: str | Path | None) -> dict[str, Any]:
     job = validate(dict(job))
     job["run_id"] = job.get("run_id") or new_run_id()
-    job["runs_dir"] = str(Path(job.get("runs_dir") or runs_dir).resolve())
+    job["runs_dir"] = str(Path(runs_dir or job["runs_dir"]).resolve())
     job["code_src"] = str(Path(job.get("code_src") or ".").resolve())
     return job
 
@@ -123,7 +123,7 @@ def launch(
     job: dict[str, Any],
     inventory: str | Path,
     *,
-    runs_dir: str | Path = "runs",
+    runs_dir: str | Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     cancel: threading.Event | None = None,
     verbosity: int = 0,
@@ -141,7 +141,7 @@ def verify(
     job: dict[str, Any],
     inventory: str | Path,
     *,
-    runs_dir: str | Path = "runs",
+    runs_dir: str | Path | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> RunResult:
     """Preflight only: plan and check every node; start nothing."""

@@ -31,7 +31,7 @@ def _job_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", help="the job's Python on the nodes")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default 29500)")
     parser.add_argument("--run-id", help="run id (default: time and a random suffix)")
-    parser.add_argument("--runs-dir", default="runs", help="where runs/<run_id>/ go")
+    parser.add_argument("--runs-dir", help="where runs/<run_id>/ go (default runs)")
     parser.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment variable for the job (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")

@@ -12,8 +12,8 @@ packages=(
 
 missing=()
 for pkg in "${packages[@]}"; do
-  # dpkg -s succeeds for removed-but-configured packages too, so check the status line.
-  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+  # Like `dpkg -s`, but a removed package whose config files remain counts as missing.
+  if [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" != "install ok installed" ]]; then
     missing+=("$pkg")
   fi
 done
@@ -29,7 +29,7 @@ if ((EUID != 0)); then
 fi
 
 echo "install-system-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
+# Through env: sudo drops the caller's environment.
+"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 echo "install-system-deps: done"

@@ -6,7 +6,7 @@ machines. The image is built locally (debootstrap base, torch from a host-side w
 because no container registry is reachable; see /work/shared/TESTBED.md for the traps.
 
     python -m tests.cluster.testbed build
-    python -m tests.cluster.testbed up demo -n 3 --subnet-index 5 [--extra outsider]
+    python -m tests.cluster.testbed up demo [-n 3] [--subnet-index 5] [--extra outsider]
     python -m tests.cluster.testbed status [demo] [--json]
     python -m tests.cluster.testbed down demo
 
@@ -29,7 +29,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -52,11 +52,14 @@ EXTRAS_GROUP = "outsiders"
 LABEL_CLUSTER = "io.torchherd.testbed.cluster"
 LABEL_ROLE = "io.torchherd.testbed.role"
 LABEL_INDEX = "io.torchherd.testbed.index"
+LABEL_IP = "io.torchherd.testbed.ip"
 LABEL_HASH = "io.torchherd.testbed.containerfile-sha256"
 
 FIRST_NODE_HOST = 10
 FIRST_EXTRA_HOST = 200
 MAX_SUBNET_INDEX = 155  # third octet 100 + index must stay <= 255
+# Fixed subnet indexes (tests' shared clusters) stay below this; up() picks free ones above.
+AUTO_SUBNET_START = 20
 SSH_OPTIONS = (
     "-o", "StrictHostKeyChecking=no",
     "-o", "UserKnownHostsFile=/dev/null",
@@ -130,7 +133,9 @@ def run(
     return result
 
 
-def podman(*args: str, check: bool = True, stream: bool = False) -> subprocess.CompletedProcess[str]:
+def podman(
+    *args: str, check: bool = True, stream: bool = False
+) -> subprocess.CompletedProcess[str]:
     return run(["podman", *args], check=check, stream=stream)
 
 
@@ -143,11 +148,23 @@ def _timed(step: str, action: Callable[[], T]) -> T:
 
 @contextmanager
 def _locked(name: str) -> Iterator[None]:
-    # Two pytest sessions on one machine must not debootstrap or generate the key twice.
+    # Several pytest sessions share this machine: they must not debootstrap twice, pick the
+    # same subnet, or recreate a cluster that another one is using.
     state_dir().mkdir(parents=True, exist_ok=True)
     with open(state_dir() / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for {name}, held by another process")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def reserve(cluster: str) -> AbstractContextManager[None]:
+    """Hold cluster `name` against other processes while using it: a second test session on
+    this machine then waits instead of recreating the cluster under the first one's feet.
+    Released when the process dies."""
+    return _locked(f"cluster-{cluster}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +271,9 @@ def _import_rootfs(rootfs: Path, ref: str) -> None:
         tar.stdout.close()
         tar_stderr = tar.stderr.read().decode() if tar.stderr else ""
     if tar.returncode != 0:
-        raise CommandError(tar_argv, subprocess.CompletedProcess(tar_argv, tar.returncode, "", tar_stderr))
+        raise CommandError(
+            tar_argv, subprocess.CompletedProcess(tar_argv, tar.returncode, "", tar_stderr)
+        )
     if imported.returncode != 0:
         raise CommandError(import_argv, imported)
 
@@ -346,8 +365,10 @@ class Cluster:
         self.exec(node, ["systemctl", "start", "ssh.service"])
 
     def kill(self, node: NodeRef) -> None:
-        """SIGKILL the whole node, as if the machine lost power."""
-        podman("kill", self.node(node).name)
+        """SIGKILL the whole node, as if the machine lost power; returns once it is down."""
+        name = self.node(node).name
+        podman("kill", name)
+        podman("wait", name)
 
     def pids(self, node: NodeRef, pattern: str) -> list[int]:
         """PIDs of the node's processes whose full command line matches the regex pattern."""
@@ -381,17 +402,15 @@ class Cluster:
             time.sleep(0.2)
 
     def _diagnose(self, node: Node, ssh_error: str) -> str:
-        state = podman(
-            "inspect", "--format", "{{.State.Status}}", node.name, check=False
-        ).stdout.strip()
+        state = podman("inspect", "--format", "{{.State.Status}}", node.name, check=False)
+        container = state.stdout.strip() or "missing"
+        detail = f"{node.name} ({node.ip}): ssh said {ssh_error!r}; container {container}"
+        if container != "running":
+            return detail
         boot = self.exec(node, ["systemctl", "is-system-running"], check=False).stdout.strip()
-        failed = self.exec(
-            node, ["systemctl", "--failed", "--no-legend", "--plain"], check=False
-        ).stdout.strip()
-        return (
-            f"{node.name} ({node.ip}): ssh said {ssh_error!r}; container {state or 'missing'}, "
-            f"systemd {boot or 'unknown'}, failed units: {failed or 'none'}"
-        )
+        failed = self.exec(node, ["systemctl", "--failed", "--no-legend", "--plain"], check=False)
+        units = " ".join(line.split()[0] for line in failed.stdout.splitlines() if line.strip())
+        return f"{detail}, systemd {boot or 'unknown'}, failed units: {units or 'none'}"
 
     def down(self) -> None:
         down(self.name)
@@ -408,37 +427,65 @@ def subnet_prefix(subnet_index: int) -> str:
     return f"10.66.{100 + subnet_index}"
 
 
+def free_subnet_index(start: int = AUTO_SUBNET_START, *, own: str | None = None) -> int:
+    """The first subnet index from start on that no podman network uses, except the network
+    of cluster `own`, which up() recreates anyway."""
+    networks = json.loads(podman("network", "ls", "--format", "json").stdout or "[]")
+    used = {
+        subnet.get("subnet")
+        for network in networks
+        if own is None or network.get("name") != network_name(own)
+        for subnet in network.get("subnets") or []
+    }
+    for index in range(start, MAX_SUBNET_INDEX + 1):
+        if f"{subnet_prefix(index)}.0/24" not in used:
+            return index
+    raise TestbedError(f"every subnet index from {start} to {MAX_SUBNET_INDEX} is in use")
+
+
 def mac_for(ip: str) -> str:
     # Fixed per IP (locally administered): a recreated node otherwise gets a new random MAC
     # and stays unreachable ~30 s while the host and the other nodes keep the old ARP entry.
     return "02:42:" + ":".join(f"{int(octet):02x}" for octet in ip.split("."))
 
 
+def key_path() -> Path:
+    return state_dir() / "id_ed25519"
+
+
 def ensure_key() -> Path:
     """The harness's SSH key (ed25519, no passphrase), generated once in the state dir."""
-    key = state_dir() / "id_ed25519"
+    key = key_path()
     with _locked("key"):
         if not key.is_file() or not key.with_suffix(".pub").is_file():
             key.unlink(missing_ok=True)
             key.with_suffix(".pub").unlink(missing_ok=True)
-            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "torchherd-testbed",
-                 "-f", str(key)])  # fmt: skip
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "testbed", "-f", str(key)])
         # Mounted into the nodes as an AuthorizedKeysFile: sshd's StrictModes wants it
         # not writable by group or others.
         key.with_suffix(".pub").chmod(0o644)
     return key
 
 
+def _blackhole_testbed_range() -> None:
+    """Traffic for a test node whose network is gone must die here, never leave the machine.
+
+    When every container of a network is down, podman removes its bridge and 10.66.x would
+    follow the default route out. The /16 blackhole loses to each live bridge's /24."""
+    run(["ip", "route", "replace", "blackhole", "10.66.0.0/16"], check=False)
+
+
 def up(
     name: str,
     n: int,
-    subnet_index: int,
+    subnet_index: int | None = None,
     *,
     extra: Sequence[str] = (),
     timeout: float = 60.0,
 ) -> Cluster:
     """Start (or recreate) cluster `name`: n nodes <name>-node<i> at 10.66.(100+idx).(10+i),
-    plus extra containers <name>-<extra> at .200, .201, ... outside the node group."""
+    plus extra containers <name>-<extra> at .200, .201, ... outside the node group.
+    subnet_index None picks the first free one from AUTO_SUBNET_START."""
     if not _NAME_RE.match(name):
         raise ValueError(f"cluster name must match {_NAME_RE.pattern}, got {name!r}")
     if not 1 <= n <= FIRST_EXTRA_HOST - FIRST_NODE_HOST:
@@ -446,17 +493,25 @@ def up(
     for short in extra:
         if not _NAME_RE.match(short) or re.fullmatch(r"node\d+", short):
             raise ValueError(f"bad extra container name {short!r}")
-    prefix = subnet_prefix(subnet_index)
+    if subnet_index is not None:
+        subnet_prefix(subnet_index)  # validate before the build
     image = build()
     key = ensure_key()
     start = time.monotonic()
 
-    nodes = [Node(f"{name}-node{i}", f"{prefix}.{FIRST_NODE_HOST + i}") for i in range(n)]
-    extras = [Node(f"{name}-{x}", f"{prefix}.{FIRST_EXTRA_HOST + j}") for j, x in enumerate(extra)]
+    with _locked("networks"):
+        _blackhole_testbed_range()
+        if subnet_index is None:
+            subnet_index = free_subnet_index(own=name)
+        prefix = subnet_prefix(subnet_index)
+        nodes = [Node(f"{name}-node{i}", f"{prefix}.{FIRST_NODE_HOST + i}") for i in range(n)]
+        extras = [
+            Node(f"{name}-{x}", f"{prefix}.{FIRST_EXTRA_HOST + j}") for j, x in enumerate(extra)
+        ]
+        _remove_containers(name, [node.name for node in (*nodes, *extras)])
+        _ensure_network(network_name(name), f"{prefix}.0/24")
     cluster_dir = state_dir() / name
     cluster_dir.mkdir(parents=True, exist_ok=True)
-    _remove_containers(name, [node.name for node in (*nodes, *extras)])
-    _ensure_network(network_name(name), f"{prefix}.0/24")
     for role, members in (("node", nodes), ("extra", extras)):
         for index, node in enumerate(members):
             _start_container(name, node, role, index, image, key, cluster_dir)
@@ -465,7 +520,7 @@ def up(
     inventory.write_text(render_inventory(nodes, extras, key))
     cluster = Cluster(name=name, nodes=nodes, inventory=inventory, key=key, extras=extras)
     cluster.wait_ssh(timeout)
-    _log(f"up {name}: {n} nodes, {len(extras)} extra in {time.monotonic() - start:.1f} s")
+    _log(f"up {name}: {n} node(s) + {len(extras)} extra in {time.monotonic() - start:.1f} s")
     return cluster
 
 
@@ -490,6 +545,7 @@ def _start_container(
         "--label", f"{LABEL_CLUSTER}={cluster}",
         "--label", f"{LABEL_ROLE}={role}",
         "--label", f"{LABEL_INDEX}={index}",
+        "--label", f"{LABEL_IP}={node.ip}",
         image,
         "/lib/systemd/systemd",
     )  # fmt: skip
@@ -539,29 +595,38 @@ def render_inventory(nodes: Sequence[Node], extras: Sequence[Node], key: Path) -
     return "\n".join(lines)
 
 
-def attach(name: str) -> Cluster:
-    """The Cluster object of a running cluster started earlier (by another process)."""
-    listed = podman(
-        "ps", "--all", "--filter", f"label={LABEL_CLUSTER}={name}", "--format", "json"
-    ).stdout
-    members: dict[str, list[tuple[int, Node]]] = {"node": [], "extra": []}
+def status(cluster: str | None = None) -> list[dict[str, str]]:
+    """Testbed containers (of one cluster, or all): cluster, role, index, name, ip, state."""
+    label = f"label={LABEL_CLUSTER}" + (f"={cluster}" if cluster else "")
+    listed = podman("ps", "--all", "--filter", label, "--format", "json").stdout
+    rows = []
     for container in json.loads(listed or "[]"):
         labels = container.get("Labels") or {}
-        inspected = podman(
-            "inspect", "--format",
-            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-            container["Names"][0],
-        ).stdout.strip()  # fmt: skip
-        node = Node(container["Names"][0], inspected)
-        members[labels.get(LABEL_ROLE, "node")].append((int(labels.get(LABEL_INDEX, 0)), node))
-    if not members["node"] and not members["extra"]:
-        raise TestbedError(f"no cluster named {name!r} (no container labelled {LABEL_CLUSTER}={name})")
+        rows.append(
+            {
+                "cluster": labels.get(LABEL_CLUSTER, ""),
+                "role": labels.get(LABEL_ROLE, ""),
+                "index": labels.get(LABEL_INDEX, "0"),
+                "name": container["Names"][0],
+                # From the label: a stopped or killed container has no address in inspect.
+                "ip": labels.get(LABEL_IP, ""),
+                "state": container.get("State", ""),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["cluster"], r["role"] != "node", int(r["index"])))
+
+
+def attach(name: str) -> Cluster:
+    """The Cluster object of a cluster started earlier, e.g. by another process."""
+    rows = status(name)
+    if not rows:
+        raise TestbedError(f"no cluster {name!r}: no container labelled {LABEL_CLUSTER}={name}")
     return Cluster(
         name=name,
-        nodes=[node for _, node in sorted(members["node"], key=lambda m: m[0])],
+        nodes=[Node(r["name"], r["ip"]) for r in rows if r["role"] == "node"],
         inventory=state_dir() / name / "inventory.ini",
-        key=state_dir() / "id_ed25519",
-        extras=[node for _, node in sorted(members["extra"], key=lambda m: m[0])],
+        key=key_path(),
+        extras=[Node(r["name"], r["ip"]) for r in rows if r["role"] == "extra"],
     )
 
 
@@ -574,44 +639,27 @@ def down(name: str) -> None:
     shutil.rmtree(state_dir() / name, ignore_errors=True)
 
 
-def status(name: str | None = None) -> list[dict[str, str]]:
-    """One entry per testbed container: cluster, role, name, ip, state."""
-    label = f"label={LABEL_CLUSTER}" + (f"={name}" if name else "")
-    listed = podman("ps", "--all", "--filter", label, "--format", "json").stdout
-    rows = []
-    for container in json.loads(listed or "[]"):
-        labels = container.get("Labels") or {}
-        ips = [
-            network.get("ip") or ""
-            for network in (container.get("Networks") or [])
-            if isinstance(network, dict)
-        ]
-        rows.append(
-            {
-                "cluster": labels.get(LABEL_CLUSTER, ""),
-                "role": labels.get(LABEL_ROLE, ""),
-                "name": container["Names"][0],
-                "ip": ",".join(ips),
-                "state": container.get("State", ""),
-            }
-        )
-    return sorted(rows, key=lambda row: (row["cluster"], row["role"] != "node", row["name"]))
-
-
 # ---------------------------------------------------------------------------------------------
 # CLI
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.testbed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.cluster.testbed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="build the node image (no-op when present)")
     build_cmd.add_argument("--force", action="store_true", help="rebuild the node image")
     up_cmd = commands.add_parser("up", help="start or recreate a cluster, wait for SSH")
     up_cmd.add_argument("name")
-    up_cmd.add_argument("-n", "--nodes", type=int, default=2)
-    up_cmd.add_argument("--subnet-index", type=int, default=0, help=f"0..{MAX_SUBNET_INDEX}")
+    up_cmd.add_argument("-n", "--nodes", type=int, default=3)
+    up_cmd.add_argument(
+        "--subnet-index",
+        type=int,
+        help=f"0..{MAX_SUBNET_INDEX}; default: the first free one from {AUTO_SUBNET_START}",
+    )
     up_cmd.add_argument("--extra", action="append", default=[], help="extra container (repeat)")
     up_cmd.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for SSH")
     up_cmd.add_argument("--json", action="store_true")
@@ -626,8 +674,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             print(build(force=args.force, stream=True))
         elif args.command == "up":
-            cluster = up(args.name, args.nodes, args.subnet_index, extra=args.extra,
-                         timeout=args.timeout)  # fmt: skip
+            cluster = up(
+                args.name, args.nodes, args.subnet_index, extra=args.extra, timeout=args.timeout
+            )
             if args.json:
                 print(json.dumps(asdict(cluster), default=str, indent=2))
             else:
@@ -640,8 +689,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(rows, indent=2))
             else:
                 for row in rows:
-                    print(f"{row['cluster']:<12} {row['role']:<6} {row['name']:<24} "
-                          f"{row['ip']:<16} {row['state']}")  # fmt: skip
+                    print(
+                        f"{row['cluster']:<12} {row['role']:<6} {row['name']:<24} "
+                        f"{row['ip']:<16} {row['state']}"
+                    )
     except (TestbedError, ValueError) as exc:
         print(f"testbed: error: {exc}", file=sys.stderr)
         return 1

@@ -95,6 +95,15 @@ def _problem(host, check, expected, found, fix):
             "fix": fix}
 
 
+def _ssh_error(msg):
+    """Ansible wraps ssh's own words ("ssh: connect to host ...: Connection refused")."""
+    text = " ".join(str(msg or "unreachable").split())
+    marker = text.rfind("ssh: ")
+    if marker > 0:
+        text = text[marker:]
+    return text.removeprefix("Task failed: ")[:300]
+
+
 def _fmt_bytes(count):
     return f"{count / (1 << 30):.1f} GiB"
 
@@ -109,7 +118,7 @@ def gate(hosts, hostvars, plan, match=None):
         result = hostvars.get(host, {}).get("torchherd_facts") or {}
         if result.get("unreachable"):
             problems.append(_problem(host, "ssh", "the node answers over SSH",
-                                     (result.get("msg") or "unreachable").strip().splitlines()[0],
+                                     _ssh_error(result.get("msg")),
                                      "check the address, the SSH key and that sshd runs on it "
                                      "(ansible -m ping -i <inventory> " + host + ")"))
         elif result.get("failed") or "torch" not in result:
@@ -234,9 +243,11 @@ def render(rows, problems):
     lines = _table(head, rows)
     if problems:
         lines += ["", f"{len(problems)} problem(s):"]
-        lines += _table(["host", "check", "expected", "found", "fix"],
-                        [[p["host"], p["check"], p["expected"], p["found"], p["fix"]]
-                         for p in problems])
+        for p in problems:
+            lines += [f"  {p['host']}: {p['check']}",
+                      f"    expected: {p['expected']}",
+                      f"    found:    {p['found']}",
+                      f"    fix:      {p['fix']}"]
     return "\n".join(lines)
 
 

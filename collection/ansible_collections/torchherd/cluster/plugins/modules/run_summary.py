@@ -85,6 +85,8 @@ from ansible.module_utils.basic import AnsibleModule
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _BAD = ("failed", "lost", "timed_out")
+# torch prefixes every line a rank writes to stderr with "[rankN]:"; torchrun's --tee, "[defaultN]:".
+_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+", re.MULTILINE)
 
 
 def _read(path, limit=1 << 20):
@@ -100,6 +102,7 @@ def _read(path, limit=1 << 20):
 
 def _traceback(text):
     """The last traceback in a log and its final exception line."""
+    text = _PREFIX.sub("", text)
     start = text.rfind("Traceback (most recent call last):")
     if start < 0:
         return None, None

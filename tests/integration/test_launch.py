@@ -1,0 +1,97 @@
+"""Real launches over SSH into the container cluster: torchrun, gloo, rsync, log collection."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from driver import launch
+from driver.api import Exit
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = str(REPO / "examples")
+JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
+OK_LINE = re.compile(
+    r"torchherd-allreduce ok host=(\S+) node_rank=(\d+) local_rank=(\d+) "
+    r"rank=(\d+) sum=(\S+) expected=(\S+)"
+)
+
+
+def allreduce_job(**extra):
+    return {"script": "allreduce.py", "code_src": EXAMPLES, "nproc_per_node": 2, **extra}
+
+
+def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
+    result = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    assert result.summary["world_size"] == 6
+
+    run_dir = tmp_path / result.run_id
+    seen_ranks = {}
+    for node_rank, node in enumerate(cluster3.nodes):
+        host = result.hosts[node.name]
+        assert host["node_rank"] == node_rank
+        assert host["state"] == "succeeded" and host["exit_code"] == 0
+        log = run_dir / "nodes" / node.name / "node.log"
+        assert log.is_file(), f"log of {node.name} did not come back"
+        # Per-rank logs came back too, one directory per local rank.
+        assert (
+            len(list((run_dir / "nodes" / node.name).glob("torchrun/*/attempt_0/*/stdout.log")))
+            == 2
+        )
+        for match in OK_LINE.finditer(log.read_text()):
+            hostname, nrank, _local, rank, total, expected = match.groups()
+            # The line was written on the node itself: its own hostname and node rank.
+            assert hostname == node.name
+            assert int(nrank) == node_rank
+            assert float(total) == float(expected) == 15.0
+            seen_ranks[int(rank)] = hostname
+    assert sorted(seen_ranks) == list(range(6)), seen_ranks
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "succeeded"
+    assert set(summary["timings"]) >= {"preflight", "sync", "start", "watch", "collect"}
+    # The code really was copied onto each node's own file system.
+    for node in cluster3.nodes:
+        synced = cluster3.exec(node, ["ls", "/root/.torchherd/code/allreduce"]).stdout
+        assert "allreduce.py" in synced
+        assert cluster3.pids(node, JOB_PROCS) == []
+
+
+def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
+    first = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
+    second = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
+    assert first.ok and second.ok
+    assert first.run_id != second.run_id
+    # Each run keeps its own directory of logs.
+    assert (tmp_path / first.run_id / "summary.json").exists()
+    assert (tmp_path / second.run_id / "summary.json").exists()
+
+
+def test_unreachable_node_fails_before_anything_starts(cluster3, tmp_path):
+    dead = cluster3.nodes[1]
+    cluster3.stop_sshd(dead)
+    # Existing sessions (an Ansible ControlPersist master among them) would survive a stopped
+    # sshd; end them so the node is as unreachable as a machine whose sshd is down.
+    cluster3.exec(dead, ["pkill", "-x", "sshd"], check=False)
+    try:
+        result = launch(
+            allreduce_job(run_id="unreachable-1"), cluster3.inventory, runs_dir=tmp_path
+        )
+    finally:
+        cluster3.start_sshd(dead)
+    assert result.exit_code == Exit.NODE_UNREACHABLE, result.reason
+    assert dead.name in result.reason
+    preflight = json.loads((tmp_path / "unreachable-1" / "preflight.json").read_text())
+    assert [p["host"] for p in preflight["gate"]["problems"]] == [dead.name]
+    for node in cluster3.nodes:
+        assert cluster3.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
+        left = cluster3.exec(
+            node, ["test", "-e", "/root/.torchherd/runs/unreachable-1"], check=False
+        )
+        assert left.returncode != 0, f"the run started on {node.name}"
