@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
@@ -21,6 +22,8 @@ _ARGS = {
     "only_included": {"type": "bool", "default": False},
     "delete": {"type": "bool", "default": False},
     "checksum": {"type": "bool", "default": False},
+    "files": {"type": "list", "elements": "str", "default": []},
+    "expect_hash": {"type": "str", "default": ""},
 }
 
 
@@ -72,6 +75,13 @@ class ActionModule(ActionBase):
             argv.append("--delete")
         if self._task.check_mode:
             argv.append("--dry-run")
+        listing = None
+        if args["files"]:
+            # Exactly the controller's manifest: what is hashed is what is sent.
+            listing = tempfile.NamedTemporaryFile("w", prefix="torchherd-files-", delete=False)
+            listing.write("\n".join(args["files"]) + "\n")
+            listing.close()
+            argv.append(f"--files-from={listing.name}")
         argv += [f"--include={p}" for p in args["includes"]]
         if args["only_included"]:
             argv += ["--include=*/", "--exclude=*", "--prune-empty-dirs"]
@@ -86,7 +96,11 @@ class ActionModule(ActionBase):
                 raise AnsibleActionFail(f"cannot create {args['dest']} on the node: "
                                         f"{mk['stderr'].strip() or mk['stdout'].strip()}")
 
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        finally:
+            if listing:
+                os.unlink(listing.name)
         shown = argv if not ssh else argv[:argv.index("-e")] + argv[argv.index("-e") + 2:]
         if proc.returncode != 0:
             raise AnsibleActionFail(
@@ -94,4 +108,18 @@ class ActionModule(ActionBase):
                 f"{proc.stderr.strip()[-2000:]}", result={"cmd": shown})
         changes = [ln for ln in proc.stdout.splitlines() if ln.strip()]
         result.update(changed=bool(changes), changes=changes[:200], count=len(changes), cmd=shown)
+        if args["expect_hash"] and not self._task.check_mode:
+            remote = self._execute_module(
+                module_name="torchherd.cluster.code_hash",
+                module_args={"path": args["dest"], "files": args["files"]},
+                task_vars=task_vars)
+            result["hash"] = remote.get("hash")
+            if remote.get("failed") or remote.get("hash") != args["expect_hash"]:
+                missing = remote.get("missing") or []
+                raise AnsibleActionFail(
+                    f"code on the node differs from the controller's after the sync: expected "
+                    f"hash {args['expect_hash'][:12]}, found {str(remote.get('hash'))[:12]}"
+                    + (f" ({len(missing)} file(s) missing, e.g. {missing[0]})" if missing else "")
+                    + f" {remote.get('msg', '')}; fix: check free disk and permissions at "
+                    f"{args['dest']}", result=result)
         return result

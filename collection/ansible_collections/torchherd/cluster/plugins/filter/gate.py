@@ -167,6 +167,20 @@ def gate(hosts, hostvars, plan, match=None):
                                              f"{_get(ref, key)} (as on {reference_host})",
                                              _get(f, key), FIXES.get(key, "make the nodes equal")))
 
+    addr, port = plan["master"]["addr"], plan["master"]["port"]
+    for host in facts:
+        probe = hostvars.get(host, {}).get("torchherd_probe") or {}
+        if probe.get("skipped") or not probe or probe.get("reachable"):
+            continue
+        problems.append(_problem(
+            f"{host} -> {master}", "master reachable",
+            f"a TCP connection from {host} to {addr}:{port}",
+            probe.get("error") or probe.get("msg") or "no answer",
+            f"open port {port} on {master} to {host} (the job's firewall role does it, or "
+            f"e.g. nft add rule inet filter input ip saddr <{host}'s address> tcp dport {port} "
+            f"accept), check the route between them, or set master_addr / the master's "
+            f"torchherd_address to an address every node reaches"))
+
     if master in facts and facts[master].get("port_free") is False:
         problems.append(_problem(master, "master port",
                                  f"port {plan['master']['port']} free on the master",

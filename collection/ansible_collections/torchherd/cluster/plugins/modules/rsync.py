@@ -61,6 +61,17 @@ options:
     description: Compare by checksum instead of size and modification time.
     type: bool
     default: false
+  files:
+    description: Copy exactly these paths, relative to O(src) (rsync C(--files-from)); empty means the whole tree.
+    type: list
+    elements: str
+    default: []
+  expect_hash:
+    description:
+      - After a push, hash O(files) on the node with C(torchherd.cluster.code_hash) and fail
+        unless the hash equals this one (the controller's).
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -89,6 +100,11 @@ count:
   returned: always
   type: int
   sample: 1
+hash:
+  description: The code hash found on the node.
+  returned: when O(expect_hash) is set
+  type: str
+  sample: 9f2c1e...
 cmd:
   description: The rsync command line (SSH options included), as an argv list.
   returned: always
