@@ -1,5 +1,6 @@
 import pytest
 from ansible.errors import AnsibleFilterError
+
 from ansible_collections.torchherd.cluster.plugins.filter.plan import job_defaults, plan, redact
 
 GROUPS = {"torchherd_nodes": ["a", "b", "c"], "other": ["x"]}

@@ -1,0 +1,190 @@
+"""The preflight gate on recorded facts, GPU cases included (these machines have no GPU)."""
+
+import copy
+
+import pytest
+
+from ansible_collections.torchherd.cluster.plugins.filter.gate import gate
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
+
+CPU = {
+    "hostname": "n0", "root": "/root/.torchherd", "rsync": "/usr/bin/rsync",
+    "python": {"path": "/usr/bin/python3", "version": "3.11.2", "error": None},
+    "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False, "gpu_count": 0,
+              "gpus": [], "nccl": None, "nccl_available": False, "gloo_available": True,
+              "error": None},
+    "port_free": True, "disk_free_bytes": 50 << 30, "running_jobs": {},
+    "addresses": {"eth0": ["10.0.0.1"]},
+}
+
+
+def gpu_facts(hostname, count, uuid_prefix=None, nccl="2.27.5"):
+    facts = copy.deepcopy(CPU)
+    facts["hostname"] = hostname
+    facts["torch"].update(version="2.13.0+cu130", cuda="13.0", cuda_available=True,
+                          gpu_count=count, nccl=nccl, nccl_available=True)
+    facts["torch"]["gpus"] = [
+        {"index": i, "name": "NVIDIA H100", "memory_bytes": 80 << 30,
+         "uuid": f"GPU-{uuid_prefix or hostname}-{i}"} for i in range(count)]
+    return facts
+
+
+def make(hosts_facts, **job):
+    hosts = list(hosts_facts)
+    hostvars = {h: {"ansible_host": f"10.0.0.{i + 1}", "torchherd_facts": f}
+                for i, (h, f) in enumerate(hosts_facts.items())}
+    job.setdefault("script", "train.py")
+    p = plan(job, {"torchherd_nodes": hosts}, hostvars)
+    p["run_id"] = "r1"
+    return hosts, hostvars, p
+
+
+def checks(verdict):
+    return sorted((p["host"], p["check"]) for p in verdict["problems"])
+
+
+def cpu(hostname):
+    facts = copy.deepcopy(CPU)
+    facts["hostname"] = hostname
+    return facts
+
+
+def test_healthy_cpu_cluster_resolves_auto_to_one_process():
+    verdict = gate(*make({"a": cpu("a"), "b": cpu("b")}))
+    assert verdict["ok"] and verdict["problems"] == []
+    assert verdict["nproc_per_node"] == 1 and verdict["world_size"] == 2
+    assert verdict["backend"] == "gloo"
+    assert "2.13.0+cpu" in verdict["table"]
+
+
+def test_gpu_cluster_resolves_auto_to_gpu_count_and_nccl():
+    verdict = gate(*make({"a": gpu_facts("a", 8), "b": gpu_facts("b", 8)}))
+    assert verdict["ok"], verdict["table"]
+    assert verdict["nproc_per_node"] == 8 and verdict["world_size"] == 16
+    assert verdict["backend"] == "nccl"
+
+
+def test_unreachable_node_is_named():
+    hosts, hv, p = make({"a": cpu("a"), "b": cpu("b")})
+    hv["b"]["torchherd_facts"] = {"unreachable": True, "msg": "Task failed: Data could not be "
+                                  "sent ... over ssh: ssh: connect to host 10.0.0.2 port 22: "
+                                  "Connection refused"}
+    verdict = gate(hosts, hv, p)
+    assert checks(verdict) == [("b", "ssh")]
+    assert verdict["problems"][0]["found"].startswith("ssh: connect to host 10.0.0.2")
+
+
+def test_no_torch():
+    facts = cpu("b")
+    facts["torch"] = {"version": None, "error": "ModuleNotFoundError: No module named 'torch'"}
+    verdict = gate(*make({"a": cpu("a"), "b": facts}))
+    assert checks(verdict) == [("b", "torch")]
+    assert "pip install torch" in verdict["problems"][0]["fix"]
+
+
+def test_interpreter_missing():
+    facts = cpu("b")
+    facts["python"] = {"path": "/opt/venv/bin/python", "version": None,
+                       "error": "interpreter /opt/venv/bin/python not found"}
+    facts["torch"] = {"version": None, "error": "interpreter /opt/venv/bin/python not found"}
+    verdict = gate(*make({"a": cpu("a"), "b": facts}))
+    assert checks(verdict) == [("b", "python")]
+
+
+@pytest.mark.parametrize("key,value", [
+    ("python.version", "3.10.12"), ("torch.version", "2.12.0+cpu"),
+])
+def test_versions_must_match_the_master(key, value):
+    facts = cpu("b")
+    section, field = key.split(".")
+    facts[section][field] = value
+    verdict = gate(*make({"a": cpu("a"), "b": facts, "c": cpu("c")}))
+    assert checks(verdict) == [("b", f"same {key}")]
+    problem = verdict["problems"][0]
+    assert problem["found"] == value and "(as on a)" in problem["expected"]
+
+
+def test_cuda_and_nccl_versions_must_match():
+    verdict = gate(*make({"a": gpu_facts("a", 2), "b": gpu_facts("b", 2, nccl="2.21.5")}))
+    assert checks(verdict) == [("b", "same torch.nccl")]
+
+
+def test_which_keys_must_match_is_configurable():
+    facts = cpu("b")
+    facts["python"]["version"] = "3.10.12"
+    hosts, hv, p = make({"a": cpu("a"), "b": facts})
+    assert gate(hosts, hv, p, match=["torch.version"])["ok"]
+
+
+def test_gpu_counts_must_match_for_auto():
+    verdict = gate(*make({"a": gpu_facts("a", 8), "b": gpu_facts("b", 4)}))
+    assert ("b", "gpu count") in checks(verdict)
+
+
+def test_nproc_above_gpu_count_with_nccl():
+    verdict = gate(*make({"a": gpu_facts("a", 4), "b": gpu_facts("b", 4)}, nproc_per_node=8))
+    assert checks(verdict) == [("a", "gpus"), ("b", "gpus")]
+    assert verdict["problems"][0]["found"] == "4 GPUs"
+
+
+def test_cpu_nodes_with_nccl_report_zero_gpus():
+    verdict = gate(*make({"a": cpu("a"), "b": cpu("b")}, backend="nccl", nproc_per_node=2))
+    assert checks(verdict) == [("a", "gpus"), ("a", "nccl"), ("b", "gpus"), ("b", "nccl")]
+
+
+def test_gloo_on_gpu_nodes_may_oversubscribe():
+    verdict = gate(*make({"a": gpu_facts("a", 1), "b": gpu_facts("b", 1)}, backend="gloo",
+                         nproc_per_node=4))
+    assert verdict["ok"], verdict["table"]
+
+
+def test_duplicate_gpu_two_entries_for_one_machine():
+    # Two inventory entries on one machine see the same GPUs: NCCL's "Duplicate GPU detected".
+    verdict = gate(*make({"a": gpu_facts("box", 1), "b": gpu_facts("box", 1)}))
+    assert ("a, b", "duplicate gpu") in checks(verdict)
+    assert "CUDA_VISIBLE_DEVICES" in verdict["problems"][0]["fix"]
+
+
+def test_distinct_gpus_on_one_machine_are_fine():
+    a, b = gpu_facts("box", 1, uuid_prefix="x"), gpu_facts("box", 1, uuid_prefix="y")
+    assert gate(*make({"a": a, "b": b}))["ok"]
+
+
+def test_master_port_in_use_on_the_master_only():
+    master, other = cpu("a"), cpu("b")
+    master["port_free"] = False
+    verdict = gate(*make({"a": master, "b": other}))
+    assert checks(verdict) == [("a", "master port")]
+
+
+def test_probe_failure_names_the_pair():
+    hosts, hv, p = make({"a": cpu("a"), "b": cpu("b"), "c": cpu("c")})
+    hv["b"]["torchherd_probe"] = {"reachable": False, "error": "timed out after 3 s"}
+    hv["a"]["torchherd_probe"] = {"reachable": True}
+    hv["c"]["torchherd_probe"] = {"skipped": True}
+    verdict = gate(hosts, hv, p)
+    assert checks(verdict) == [("b -> a", "master reachable")]
+    assert "10.0.0.1:29500" in verdict["problems"][0]["expected"]
+
+
+def test_run_id_already_running():
+    facts = cpu("b")
+    facts["running_jobs"] = {"/root/.torchherd/runs/r1": [123, 124]}
+    verdict = gate(*make({"a": cpu("a"), "b": facts}))
+    assert checks(verdict) == [("b", "run id")]
+
+
+def test_no_rsync_and_low_disk():
+    facts = cpu("b")
+    facts["rsync"] = None
+    facts["disk_free_bytes"] = 100 << 20
+    verdict = gate(*make({"a": cpu("a"), "b": facts}))
+    assert checks(verdict) == [("b", "disk"), ("b", "rsync")]
+
+
+def test_every_problem_has_the_five_parts():
+    facts = cpu("b")
+    facts["torch"]["version"] = "2.0.0"
+    facts["rsync"] = None
+    for problem in gate(*make({"a": cpu("a"), "b": facts}))["problems"]:
+        assert all(problem[k] for k in ("host", "check", "expected", "found", "fix"))
