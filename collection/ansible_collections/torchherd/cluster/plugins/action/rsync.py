@@ -78,9 +78,9 @@ class ActionModule(ActionBase):
         listing = None
         if args["files"]:
             # Exactly the controller's manifest: what is hashed is what is sent.
-            listing = tempfile.NamedTemporaryFile("w", prefix="torchherd-files-", delete=False)
-            listing.write("\n".join(args["files"]) + "\n")
-            listing.close()
+            with tempfile.NamedTemporaryFile("w", prefix="torchherd-files-",
+                                             delete=False) as listing:
+                listing.write("\n".join(args["files"]) + "\n")
             argv.append(f"--files-from={listing.name}")
         argv += [f"--include={p}" for p in args["includes"]]
         if args["only_included"]:

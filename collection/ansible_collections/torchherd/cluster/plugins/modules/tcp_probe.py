@@ -138,7 +138,7 @@ def _serve(sock, token, expect, seconds):
             sock.settimeout(max(0.05, deadline - time.monotonic()))
             try:
                 conn, _ = sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 break
             with conn:
                 conn.sendall(token.encode() + b"\n")
@@ -187,15 +187,13 @@ def connect(module, p):
         else:
             error = (f"something else answers on {p['host']}:{p['port']} (not the master's "
                      f"probe listener): is {p['host']} the master's address?")
-    except socket.timeout:
+    except TimeoutError:
         error = f"timed out after {p['timeout']:g} s (a firewall dropping the port?)"
     except ConnectionRefusedError:
         error = "connection refused (nothing listens there, or a firewall rejects it)"
     except OSError as exc:
-        if exc.errno == errno.EHOSTUNREACH:
-            error = "no route to host"
-        else:
-            error = exc.strerror or str(exc)
+        unreachable = exc.errno == errno.EHOSTUNREACH
+        error = "no route to host" if unreachable else (exc.strerror or str(exc))
     module.exit_json(changed=False, reachable=reachable, error=error,
                      seconds=round(time.monotonic() - start, 3))
 
