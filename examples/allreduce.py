@@ -7,6 +7,7 @@ the sum must be world_size * (world_size - 1) / 2 on every rank, or this exits n
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import socket
 import sys
@@ -20,8 +21,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fail-rank", type=int, default=-1,
                         help="raise an exception on this global rank (fault injection)")
+    parser.add_argument("--fail-after", type=float, default=0.0,
+                        help="seconds after the all-reduce before --fail-rank raises")
     parser.add_argument("--sleep", type=float, default=0.0,
                         help="seconds to sleep after the all-reduce (a long-running job)")
+    parser.add_argument("--pg-timeout", type=float, default=1800.0,
+                        help="seconds a collective waits for a lost peer before failing")
     args = parser.parse_args()
 
     # torchherd resolves the backend in preflight; standalone runs pick it here.
@@ -30,7 +35,8 @@ def main() -> int:
     local_rank = int(os.environ["LOCAL_RANK"])
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend,
+                            timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     node_rank = int(os.environ.get("GROUP_RANK", "-1"))
     host = socket.gethostname()
@@ -38,9 +44,6 @@ def main() -> int:
     sys.stdout.write(f"torchherd-init host={host} node_rank={node_rank} local_rank={local_rank} "
                      f"rank={rank} world_size={world} t={time.time():.3f}\n")
     sys.stdout.flush()
-
-    if rank == args.fail_rank:
-        raise RuntimeError(f"injected failure on rank {rank}")
 
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     value = torch.tensor([float(rank)], device=device)
@@ -55,6 +58,11 @@ def main() -> int:
     sys.stdout.write(f"torchherd-allreduce ok host={host} node_rank={node_rank} "
                      f"local_rank={local_rank} rank={rank} sum={got:g} expected={expected:g}\n")
     sys.stdout.flush()
+    if rank == args.fail_rank:
+        time.sleep(args.fail_after)
+        sys.stdout.write(f"torchherd-fail rank={rank} t={time.time():.3f}\n")
+        sys.stdout.flush()
+        raise RuntimeError(f"injected failure on rank {rank}")
     if args.sleep:
         time.sleep(args.sleep)
     dist.barrier()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: run_summary
-author: torchherd developers
+author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Write summary.json of a run on the controller
 description:
@@ -16,6 +16,8 @@ description:
     failing global rank, the exception and its traceback, read from torchelastic's error files
     or, when the script did not use C(@record), from the rank's own stderr log.
   - Writes O(run_dir)C(/summary.json) and returns it with a per-node table for people.
+extends_documentation_fragment:
+  - torchherd.cluster.attributes
 attributes:
   check_mode:
     support: none
@@ -193,10 +195,22 @@ def summarize(run_dir, plan, results, marks):
 
     states = [h["state"] for h in hosts.values()]
     bad = [(name, h) for name, h in hosts.items() if h["state"] in _BAD + ("unreachable",)]
-    if bad:
+    lost = [name for name, h in bad if h["state"] in ("lost", "unreachable")]
+    done = [name for name, h in hosts.items() if h["state"] == "succeeded"]
+    job = plan.get("job") or {}
+    minimum = int(str(plan.get("nnodes") or len(hosts)).split(":")[0])
+    if (job.get("rdzv") == "c10d" and bad and len(lost) == len(bad)
+            and len(done) == len(hosts) - len(lost) and len(done) >= minimum):
+        # Elastic: torchrun re-formed the group without the lost nodes and finished.
+        overall = "succeeded"
+        reason = (f"succeeded on {len(done)} of {len(hosts)} nodes after losing "
+                  f"{', '.join(lost)} (elastic, minimum {minimum})")
+    elif bad:
         overall = "failed"
-        # The node that failed first is the root cause; the rest were stopped after it.
-        name, h = min(bad, key=lambda item: (item[1]["ended_at"] or float("inf")))
+        # A lost node is the root cause (its peers fail because of it); otherwise the node
+        # that failed first; the rest were stopped after it.
+        name, h = min(bad, key=lambda item: (item[0] not in lost,
+                                             item[1]["ended_at"] or float("inf")))
         if h["state"] in ("lost", "unreachable"):
             reason = f"node {name} (node_rank {h['node_rank']}) was lost: {h['error'] or 'unreachable'}"
         elif h["state"] == "timed_out":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: torchrun_job
-author: torchherd developers
+author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Start, watch and stop one node's part of a torchrun job
 description:
@@ -21,6 +21,8 @@ description:
     O(grace) seconds to every process that carries the run's marker; nothing of the job remains.
   - Every process of the job inherits C(TORCHHERD_RUN=<run dir>) in its environment, which is how
     stop and stale-job checks find workers that torchrun put in sessions of their own.
+extends_documentation_fragment:
+  - torchherd.cluster.attributes
 attributes:
   check_mode:
     support: full
@@ -87,6 +89,10 @@ options:
     description: Worker group restarts allowed.
     type: int
     default: 0
+  rdzv_conf:
+    description: Extra c10d rendezvous settings (C(--rdzv-conf key=value,...)).
+    type: dict
+    default: {}
   env:
     description: Environment of the job.
     type: dict
@@ -210,6 +216,7 @@ import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     MARKER,
     job_pids,
@@ -234,6 +241,9 @@ def torchrun_argv(p, paths):
         argv += ["--rdzv-backend", "c10d",
                  "--rdzv-endpoint", f"{p['master_addr']}:{p['master_port']}",
                  "--rdzv-id", p["run_id"]]
+        if p["rdzv_conf"]:
+            argv += ["--rdzv-conf",
+                     ",".join(f"{k}={v}" for k, v in sorted(p["rdzv_conf"].items()))]
     else:
         argv += ["--node-rank", str(p["node_rank"]),
                  "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
@@ -261,6 +271,8 @@ def _supervise(argv, env, cwd, paths, timeout, grace):
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.closerange(3, 65536)
+    # From here stdout is the node log, no longer the module's result: the prints below go to the
+    # log, which is why pylint's ansible-bad-function (use module.log) is disabled on them.
     code = 127
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
@@ -270,11 +282,12 @@ def _supervise(argv, env, cwd, paths, timeout, grace):
             code = proc.wait(timeout=timeout or None)
         except subprocess.TimeoutExpired:
             write_atomic(paths["timed_out"], f"{time.time()}\n")
-            print(f"torchherd: job timed out after {timeout} s; stopping it", flush=True)
+            print(f"torchherd: job timed out after {timeout} s; stopping it",  # pylint: disable=ansible-bad-function
+                  flush=True)
             terminate(paths["dir"], proc.pid, grace)
             code = proc.wait()
     except OSError as exc:
-        print(f"torchherd: cannot start torchrun: {exc}", flush=True)
+        print(f"torchherd: cannot start torchrun: {exc}", flush=True)  # pylint: disable=ansible-bad-function
         write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     finally:
         write_atomic(paths["exit_code"], f"{code}\n")
@@ -385,6 +398,7 @@ def main():
             master_port=dict(type="int", default=29500),
             rdzv=dict(type="str", default="static", choices=["static", "c10d"]),
             max_restarts=dict(type="int", default=0),
+            rdzv_conf=dict(type="dict", default={}),
             env=dict(type="dict", default={}),
             secret_env=dict(type="dict", default={}, no_log=True),
             timeout=dict(type="int", default=0),

@@ -1,0 +1,209 @@
+"""Job lifecycle on the container cluster: fail-fast, lost nodes, stop, elastic, resume."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from driver import launch
+from driver.api import Exit
+from driver.runner import run_playbook
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+JOB_PROCS = r"torch\.distributed\.run|allreduce\.py|train_ddp\.py"
+
+
+def job(script="allreduce.py", *args, **extra):
+    return {"script": script, "args": list(args), "code_src": EXAMPLES, "nproc_per_node": 2,
+            **extra}
+
+
+def summary(runs, run_id):
+    return json.loads((runs / run_id / "summary.json").read_text())
+
+
+def act(action, cluster, runs, run_id):
+    """Run stop/status/collect for a run id, as the driver does."""
+    return run_playbook(action, cluster.inventory,
+                        {"torchherd_run_id": run_id, "torchherd_runs_dir": str(runs)})
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def running_everywhere(cluster, nodes=None):
+    return all(cluster.pids(n, r"allreduce\.py|train_ddp\.py") for n in (nodes or cluster.nodes))
+
+
+def assert_nothing_left(cluster, nodes=None):
+    for node in nodes or cluster.nodes:
+        assert cluster.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
+
+
+def test_rank_failure_stops_every_node_fast(cluster3, tmp_path):
+    # Rank 3 (node 1) fails 3 s after the all-reduce; every other rank would sleep 120 s.
+    result = launch(job("allreduce.py", "--fail-rank", "3", "--fail-after", "3",
+                        "--sleep", "120", run_id="failfast"), cluster3.inventory,
+                    runs_dir=tmp_path)
+    returned = time.time()
+    assert result.exit_code == Exit.JOB_FAILED, result.reason
+    s = summary(tmp_path, "failfast")
+    failed = s["hosts"]["it3-node1"]
+    assert failed["state"] == "failed" and failed["failing_rank"] == 3
+    assert failed["exception"] == "RuntimeError: injected failure on rank 3"
+    assert "it3-node1" in s["reason"] and "rank 3" in s["reason"]
+    assert {s["hosts"][h]["state"] for h in ("it3-node0", "it3-node2")} == {"stopped"}
+    fail_log = (tmp_path / "failfast" / "nodes" / "it3-node1" / "node.log").read_text()
+    failed_at = float(re.search(r"torchherd-fail rank=3 t=([\d.]+)", fail_log).group(1))
+    for node in cluster3.nodes:
+        assert (tmp_path / "failfast" / "nodes" / node.name / "node.log").exists()
+        ended = s["hosts"][node.name]["ended_at"]
+        assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
+    assert returned - failed_at < 15
+    assert_nothing_left(cluster3)
+    print(f"failure -> all stopped {max(h['ended_at'] for h in s['hosts'].values()) - failed_at:.1f} s,"
+          f" failure -> launch returned {returned - failed_at:.1f} s")
+
+
+def test_stop_detached_job(cluster3, tmp_path):
+    result = launch(job("allreduce.py", "--sleep", "300", run_id="detached", detach=True),
+                    cluster3.inventory, runs_dir=tmp_path)
+    assert result.exit_code == Exit.OK and result.state == "running", result.reason
+    assert running_everywhere(cluster3)
+    # The controller's SSH connections dropping does not touch a detached job.
+    subprocess.run(["pkill", "-f", "ControlPersist"], check=False)
+    for node in cluster3.nodes:
+        cluster3.exec(node, ["pkill", "-f", "sshd: root"], check=False)
+    time.sleep(2)
+    assert running_everywhere(cluster3)
+    status = act("status", cluster3, tmp_path, "detached")
+    assert status.rc == 0
+    assert summary(tmp_path, "detached")["state"] == "running"
+
+    start = time.monotonic()
+    stopped = act("stop", cluster3, tmp_path, "detached")
+    took = time.monotonic() - start
+    assert stopped.rc == 0
+    s = summary(tmp_path, "detached")
+    assert s["state"] == "stopped"
+    assert {h["state"] for h in s["hosts"].values()} == {"stopped"}
+    assert_nothing_left(cluster3)
+    assert ":29500 " not in cluster3.exec(0, ["ss", "-ltn"]).stdout
+    for node in cluster3.nodes:
+        assert (tmp_path / "detached" / "nodes" / node.name / "node.log").exists()
+    print(f"stop took {took:.1f} s")
+
+
+def test_second_launch_of_a_running_run_id_is_refused(cluster3, tmp_path):
+    first = launch(job("allreduce.py", "--sleep", "300", run_id="twice", detach=True),
+                   cluster3.inventory, runs_dir=tmp_path)
+    try:
+        assert first.state == "running", first.reason
+        again = launch(job("allreduce.py", run_id="twice"), cluster3.inventory,
+                       runs_dir=tmp_path)
+        assert again.exit_code == Exit.USAGE
+        assert "already" in again.reason
+        # Another job, on another port, runs beside the first one.
+        other = launch(job("allreduce.py", run_id="beside", master_port=29600),
+                       cluster3.inventory, runs_dir=tmp_path)
+        assert other.ok, other.reason
+        # The master port of the running job is in use: caught before launch.
+        clash = launch(job("allreduce.py", run_id="clash"), cluster3.inventory,
+                       runs_dir=tmp_path)
+        assert clash.exit_code == Exit.PREFLIGHT_FAILED and "29500" in clash.reason
+        assert running_everywhere(cluster3)
+    finally:
+        act("stop", cluster3, tmp_path, "twice")
+    assert_nothing_left(cluster3)
+
+
+def test_killed_node_is_named_and_the_rest_stop(make_cluster, tmp_path):
+    cluster = make_cluster("lckill", 3)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=launch(
+        job("allreduce.py", "--sleep", "300", run_id="killed"), cluster.inventory,
+        runs_dir=tmp_path)))
+    runner.start()
+    wait_for(lambda: running_everywhere(cluster), 120, "the job on every node")
+    time.sleep(2)
+    killed_at = time.time()
+    cluster.kill(2)
+    runner.join(120)
+    assert not runner.is_alive(), "launch did not return after a node was killed"
+    result = outcome["result"]
+    assert result.exit_code == Exit.NODE_UNREACHABLE, result.reason
+    assert "lckill-node2" in result.reason
+    s = summary(tmp_path, "killed")
+    assert s["hosts"]["lckill-node2"]["state"] == "lost"
+    for node in cluster.nodes[:2]:
+        assert s["hosts"][node.name]["state"] in ("stopped", "failed")
+        assert (tmp_path / "killed" / "nodes" / node.name / "node.log").exists()
+    assert_nothing_left(cluster, cluster.nodes[:2])
+    print(f"node killed -> launch returned {time.time() - killed_at:.1f} s")
+
+
+def test_elastic_job_survives_a_lost_node(make_cluster, tmp_path):
+    cluster = make_cluster("lcelastic", 3)
+    outcome = {}
+    spec = job("allreduce.py", "--sleep", "12", "--pg-timeout", "8", run_id="elastic",
+               rdzv="c10d", nnodes="2:3", max_restarts=3,
+               rdzv_conf={"last_call_timeout": 2})
+    runner = threading.Thread(target=lambda: outcome.update(
+        result=launch(spec, cluster.inventory, runs_dir=tmp_path)))
+    runner.start()
+    wait_for(lambda: running_everywhere(cluster), 120, "the job on every node")
+    time.sleep(3)
+    cluster.kill(2)
+    runner.join(240)
+    assert not runner.is_alive(), "the elastic job did not finish"
+    result = outcome["result"]
+    assert result.ok, result.reason
+    s = summary(tmp_path, "elastic")
+    assert s["hosts"]["lcelastic-node2"]["state"] == "lost"
+    assert "elastic" in s["reason"]
+    logs = "".join((tmp_path / "elastic" / "nodes" / n.name / "node.log").read_text()
+                   for n in cluster.nodes[:2])
+    # The second attempt ran on the two nodes left: world size 4, sum 0+1+2+3.
+    assert re.search(r"torchherd-allreduce ok .* sum=6 expected=6", logs)
+    assert_nothing_left(cluster, cluster.nodes[:2])
+
+
+def test_train_ddp_resumes_from_checkpoint(cluster3, tmp_path):
+    first = launch(job("train_ddp.py", "--epochs", "6", "--epoch-seconds", "1.5",
+                       "--ckpt-dir", "/root/ckpt-resume", run_id="train1", detach=True),
+                   cluster3.inventory, runs_dir=tmp_path)
+    assert first.state == "running", first.reason
+
+    def epochs_done():
+        out = cluster3.exec(0, ["sh", "-c", "cat /root/.torchherd/runs/train1/node.log"],
+                            check=False).stdout
+        return len(re.findall(r"torchherd-train epoch=\d+", out))
+
+    wait_for(lambda: epochs_done() >= 2, 120, "two epochs")
+    assert act("stop", cluster3, tmp_path, "train1").rc == 0
+    done_before = epochs_done()
+    assert done_before < 6
+    second = launch(job("train_ddp.py", "--epochs", "6", "--ckpt-dir", "/root/ckpt-resume",
+                        run_id="train2"), cluster3.inventory, runs_dir=tmp_path)
+    assert second.ok, second.reason
+    log = (tmp_path / "train2" / "nodes" / "it3-node0" / "node.log").read_text()
+    start = int(re.search(r"start_epoch=(\d+)", log).group(1))
+    # A stop between saving a checkpoint and printing its line leaves one more epoch done.
+    assert start in (done_before, done_before + 1), (start, done_before)
+    assert start >= 2
+    assert "torchherd-train done epochs=6" in log
+    cluster3.exec(0, ["rm", "-rf", "/root/ckpt-resume"])
