@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import socket
 import sys
@@ -25,6 +26,8 @@ def main() -> int:
                         help="seconds after the all-reduce before --fail-rank raises")
     parser.add_argument("--sleep", type=float, default=0.0,
                         help="seconds to sleep after the all-reduce (a long-running job)")
+    parser.add_argument("--result-dir", default="",
+                        help="local rank 0 of each node writes <dir>/allreduce-<host>.json")
     parser.add_argument("--pg-timeout", type=float, default=1800.0,
                         help="seconds a collective waits for a lost peer before failing")
     args = parser.parse_args()
@@ -58,6 +61,10 @@ def main() -> int:
     sys.stdout.write(f"torchherd-allreduce ok host={host} node_rank={node_rank} "
                      f"local_rank={local_rank} rank={rank} sum={got:g} expected={expected:g}\n")
     sys.stdout.flush()
+    if args.result_dir and local_rank == 0:
+        os.makedirs(args.result_dir, exist_ok=True)
+        with open(os.path.join(args.result_dir, f"allreduce-{host}.json"), "w") as out:
+            json.dump({"host": host, "node_rank": node_rank, "world_size": world, "sum": got}, out)
     if rank == args.fail_rank:
         time.sleep(args.fail_after)
         sys.stdout.write(f"torchherd-fail rank={rank} t={time.time():.3f}\n")

@@ -27,7 +27,8 @@ def allreduce_job(**extra):
 
 
 def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
-    result = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
+    job = allreduce_job(args=["--result-dir", "results"], artifacts=["results/*.json"])
+    result = launch(job, cluster3.inventory, runs_dir=tmp_path)
     assert result.ok, result.reason
     assert result.summary["world_size"] == 6
 
@@ -52,6 +53,18 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
             assert float(total) == float(expected) == 15.0
             seen_ranks[int(rank)] = hostname
     assert sorted(seen_ranks) == list(range(6)), seen_ranks
+
+    # The merged log carries host and global rank on every line, and they agree with the text.
+    merged = (run_dir / "merged.log").read_text().splitlines()
+    oks = [line for line in merged if "torchherd-allreduce ok" in line]
+    assert len(oks) == 6
+    for line in oks:
+        host, who = line.split(":", 1)[0].split()
+        assert f"host={host} " in line and f" rank={who[1:]} " in line
+    # Artifacts came back from every node.
+    for node_rank, node in enumerate(cluster3.nodes):
+        art = run_dir / "artifacts" / node.name / "results" / f"allreduce-{node.name}.json"
+        assert json.loads(art.read_text())["node_rank"] == node_rank
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "succeeded"

@@ -75,8 +75,9 @@ def test_rank_failure_stops_every_node_fast(cluster3, tmp_path):
         assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
     assert returned - failed_at < 15
     assert_nothing_left(cluster3)
-    print(f"failure -> all stopped {max(h['ended_at'] for h in s['hosts'].values()) - failed_at:.1f} s,"
-          f" failure -> launch returned {returned - failed_at:.1f} s")
+    last_end = max(h["ended_at"] for h in s["hosts"].values())
+    print(f"failure -> all stopped {last_end - failed_at:.1f} s, "
+          f"failure -> launch returned {returned - failed_at:.1f} s")
 
 
 def test_stop_detached_job(cluster3, tmp_path):

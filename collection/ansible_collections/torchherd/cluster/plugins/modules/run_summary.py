@@ -16,6 +16,8 @@ description:
     failing global rank, the exception and its traceback, read from torchelastic's error files
     or, when the script did not use C(@record), from the rank's own stderr log.
   - Writes O(run_dir)C(/summary.json) and returns it with a per-node table for people.
+  - Writes O(run_dir)C(/merged.log): every node's log, each line prefixed with the host and the
+    global rank (C(r5)), the local rank for elastic runs (C(l1)), or C(agent) for torchrun's own lines.
 extends_documentation_fragment:
   - torchherd.cluster.attributes
 attributes:
@@ -198,7 +200,7 @@ def summarize(run_dir, plan, results, marks):
     lost = [name for name, h in bad if h["state"] in ("lost", "unreachable")]
     done = [name for name, h in hosts.items() if h["state"] == "succeeded"]
     job = plan.get("job") or {}
-    minimum = int(str(plan.get("nnodes") or len(hosts)).split(":")[0])
+    minimum = int(str(plan.get("nnodes") or len(hosts)).split(":", 1)[0])
     if (job.get("rdzv") == "c10d" and bad and len(lost) == len(bad)
             and len(done) == len(hosts) - len(lost) and len(done) >= minimum):
         # Elastic: torchrun re-formed the group without the lost nodes and finished.
@@ -236,6 +238,30 @@ def summarize(run_dir, plan, results, marks):
     }
 
 
+_LOCAL = re.compile(r"^\[default(\d+)\]:")
+
+
+def merge_logs(run_dir, plan, out_path):
+    """Every node's log in one file, each line prefixed with its host and global rank."""
+    nproc = plan.get("nproc_per_node")
+    static = (plan.get("job") or {}).get("rdzv", "static") == "static" and isinstance(nproc, int)
+    lines = 0
+    with open(out_path, "w", encoding="utf-8") as out:
+        for node in plan["nodes"]:
+            text = _read(os.path.join(run_dir, "nodes", node["host"], "node.log"), 64 << 20)
+            for line in text.splitlines():
+                match = _LOCAL.match(line)
+                if match:
+                    local = int(match.group(1))
+                    who = (f"r{node['node_rank'] * nproc + local}" if static else f"l{local}")
+                    line = line[match.end():]
+                else:
+                    who = "agent"
+                out.write(f"{node['host']} {who}: {line}\n")
+                lines += 1
+    return lines
+
+
 def table(summary):
     rows = [["node", "rank", "state", "exit", "logs", "last line / error"]]
     for name, h in summary["hosts"].items():
@@ -262,6 +288,8 @@ def main():
     p = module.params
     os.makedirs(p["run_dir"], exist_ok=True)
     summary = summarize(p["run_dir"], p["plan"], p["results"], p["marks"])
+    merged = os.path.join(p["run_dir"], "merged.log")
+    summary["merged_log"] = merged if merge_logs(p["run_dir"], p["plan"], merged) else None
     path = os.path.join(p["run_dir"], "summary.json")
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
