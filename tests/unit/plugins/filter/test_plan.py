@@ -1,7 +1,8 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchherd.cluster.plugins.filter.plan import job_defaults, plan, redact
+from ansible_collections.torchherd.cluster.plugins.filter.plan import job_defaults, plan
+from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
 
 GROUPS = {"torchherd_nodes": ["a", "b", "c"], "other": ["x"]}
 HOSTVARS = {

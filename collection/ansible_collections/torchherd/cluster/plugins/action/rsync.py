@@ -53,7 +53,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=_ARGS)
+        args = self.validate_argument_spec(argument_spec=_ARGS)[1]
         src = args["src"].rstrip("/") + "/"
         dest = args["dest"].rstrip("/") + "/"
         if args["direction"] == "push":

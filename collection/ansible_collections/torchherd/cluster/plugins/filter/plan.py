@@ -235,18 +235,8 @@ def plan(job, groups, hostvars):
     }
 
 
-def redact(value):
-    """The plan (or job) with every secret_env value replaced, fit for files and output."""
-    if isinstance(value, dict):
-        return {k: ({name: "********" for name in v} if k == "secret_env" and isinstance(v, dict)
-                    else redact(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
-
-
 class FilterModule:
     """torchherd planning filters."""
 
     def filters(self):
-        return {"plan": plan, "redact": redact}
+        return {"plan": plan}

@@ -101,7 +101,7 @@ def read_state(paths):
     pid_text = read_text(paths["pid"])
     if pid_text is None:
         return {"state": "absent", "pid": None, "exit_code": None}
-    pid, _, start = pid_text.partition(" ")
+    pid, _sep, start = pid_text.partition(" ")
     pid = int(pid)
     code_text = read_text(paths["exit_code"])
     if code_text is not None:
@@ -129,7 +129,7 @@ def terminate(run_dir, pgid, grace):
     while time.monotonic() < deadline and job_pids(run_dir):
         time.sleep(0.1)
     killed = []
-    for _ in range(50):
+    for _attempt in range(50):
         left = job_pids(run_dir)
         if not left:
             break

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: code_hash
-author: torchherd developers
+author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Content hash of a code tree, to prove every node runs the same code
 description:
@@ -15,6 +15,8 @@ description:
   - With O(files), hashes exactly those files under O(path); this is how a node proves, after
     the sync, that it holds the same code as the controller.
   - The hash covers each file's relative path and content (a symlink's target for links).
+extends_documentation_fragment:
+  - torchherd.cluster.attributes
 attributes:
   check_mode:
     support: full

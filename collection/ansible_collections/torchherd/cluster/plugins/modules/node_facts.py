@@ -6,16 +6,18 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: node_facts
-author: torchherd developers
+author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Gather what a torchrun launch needs to know about one node, in one round trip
 description:
   - Reports the job interpreter and its torch build (version, CUDA, NCCL, gloo, GPUs), the
     node's host name and addresses, whether the master port is free, free disk at torchherd's
     directory, and jobs of torchherd still running there.
-  - Replaces C(gather_facts) for launches: one module call per node, nothing else.
+  - Replaces C(gather_facts) for launches, with one module call per node and nothing else.
   - The torch probe runs in a subprocess of the job's interpreter, which may differ from the
     one running this module (a venv, say).
+extends_documentation_fragment:
+  - torchherd.cluster.attributes
 attributes:
   check_mode:
     support: full
@@ -121,6 +123,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
@@ -226,7 +229,7 @@ def main():
     p = module.params
     python = p["python"] or sys.executable
     py, torch = probe_torch(python, p["probe_timeout"])
-    root = os.path.abspath(os.path.expanduser(p["root"]))
+    root = os.path.abspath(p["root"])
     module.exit_json(
         changed=False,
         hostname=socket.gethostname(),

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: rsync
-author: torchherd developers
+author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Copy a directory between the controller and a node with rsync
 description:
   - Runs rsync on the controller, through the same SSH settings, and the same persistent
     connection, that Ansible uses for the node (user, port, key, common args, ControlPath).
     With the C(local) connection it copies on this machine.
-  - O(direction=push) copies code to the node (only what changed: rsync's delta transfer);
+  - O(direction=push) copies code to the node (only what changed, by rsync's delta transfer);
     O(direction=pull) brings logs and artifacts back.
   - Needs rsync on the controller and on the node, and key-based SSH (no password prompts).
   - This is an action plugin; this file only documents it.
+extends_documentation_fragment:
+  - torchherd.cluster.attributes
 attributes:
   check_mode:
     support: full

@@ -16,7 +16,7 @@ description:
     failing global rank, the exception and its traceback, read from torchelastic's error files
     or, when the script did not use C(@record), from the rank's own stderr log.
   - Writes O(run_dir)C(/summary.json) and returns it with a per-node table for people.
-  - Writes O(run_dir)C(/merged.log): every node's log, each line prefixed with the host and the
+  - Writes O(run_dir)C(/merged.log), every node's log with each line prefixed by the host and the
     global rank (C(r5)), the local rank for elastic runs (C(l1)), or C(agent) for torchrun's own lines.
 extends_documentation_fragment:
   - torchherd.cluster.attributes

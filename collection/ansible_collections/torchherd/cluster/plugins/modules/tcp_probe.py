@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: tcp_probe
-author: torchherd developers
+author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Prove with a real TCP connection that every node reaches the master port
 description:
@@ -17,6 +17,8 @@ description:
   - O(state=stop) ends the listener of O(pid) if it still runs.
   - A firewall that drops or rejects the port, a wrong route or an address that is not the
     master's all show up here, before the job starts.
+extends_documentation_fragment:
+  - torchherd.cluster.attributes
 attributes:
   check_mode:
     support: full
@@ -136,9 +138,10 @@ def _serve(sock, token, expect, seconds):
     try:
         while served < expect and time.monotonic() < deadline:
             sock.settimeout(max(0.05, deadline - time.monotonic()))
+            # socket.timeout, not TimeoutError: the two are one only from Python 3.10 on.
             try:
-                conn, _ = sock.accept()
-            except TimeoutError:
+                conn = sock.accept()[0]
+            except socket.timeout:
                 break
             with conn:
                 conn.sendall(token.encode() + b"\n")
@@ -187,7 +190,7 @@ def connect(module, p):
         else:
             error = (f"something else answers on {p['host']}:{p['port']} (not the master's "
                      f"probe listener): is {p['host']} the master's address?")
-    except TimeoutError:
+    except socket.timeout:
         error = f"timed out after {p['timeout']:g} s (a firewall dropping the port?)"
     except ConnectionRefusedError:
         error = "connection refused (nothing listens there, or a firewall rejects it)"
@@ -213,7 +216,8 @@ def main():
             state=dict(type="str", default="connect", choices=["listen", "connect", "stop"]),
             host=dict(type="str"),
             port=dict(type="int", default=29500),
-            token=dict(type="str", default="torchherd-probe"),
+            # Names the run so that no other service passes for the listener; no secret.
+            token=dict(type="str", default="torchherd-probe", no_log=False),
             timeout=dict(type="float", default=3),
             expect=dict(type="int", default=1),
             seconds=dict(type="float", default=30),

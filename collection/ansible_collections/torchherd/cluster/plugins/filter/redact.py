@@ -1,0 +1,54 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Secrets out of the plan before it is written to a file or shown."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: redact
+author: torchherd developers
+version_added: 0.1.0
+short_description: Hide the values of every secret_env in a plan or a job
+description:
+  - Returns a copy of the input in which every C(secret_env) dictionary, at any depth, keeps its
+    names but has each value replaced by C(********).
+  - Everything else comes back as it is, so the result is fit for files and output, such as
+    C(plan.json) and C(summary.json).
+positional: _input
+options:
+  _input:
+    description: The plan from C(torchherd.cluster.plan), a job, or any data that holds them.
+    type: raw
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Record the plan without its secrets
+  ansible.builtin.copy:
+    dest: runs/demo-1/plan.json
+    content: "{{ torchherd_plan | torchherd.cluster.redact | to_nice_json }}"
+    mode: "0644"
+"""
+
+RETURN = r"""
+_value:
+  description: The input with every C(secret_env) value replaced by C(********).
+  type: raw
+"""
+
+
+def redact(value):
+    """The plan (or job) with every secret_env value replaced, fit for files and output."""
+    if isinstance(value, dict):
+        return {k: ({name: "********" for name in v} if k == "secret_env" and isinstance(v, dict)
+                    else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+class FilterModule:
+    """torchherd redaction filter."""
+
+    def filters(self):
+        return {"redact": redact}
