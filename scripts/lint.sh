@@ -24,7 +24,7 @@ vermin --target=3.8- --no-tips --violations --quiet \
   "$COLLECTION/plugins/modules" "$COLLECTION/plugins/module_utils"
 
 # ansible-test bootstraps pip in each virtual environment it makes with a get-pip script from
-# ci-files.testing.ansible.com, which this machine cannot reach. It takes the script from its
+# the Ansible project's CI file server, which this machine cannot reach. It takes the script from its
 # cache when there; this stand-in does the same from PyPI: ensurepip, then pip installs the
 # pinned pip (and anything else) that ansible-test asks for.
 pip_version=$(python -c 'import types

@@ -7,8 +7,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 # On CI a missing container cluster must fail the run, not skip its tests.
 export TORCHHERD_REQUIRE_CLUSTER=1
 
-echo "== ruff"
-ruff check .
+echo "== lint (ruff, ansible-lint, python 3.8 check, ansible-test sanity)"
+scripts/lint.sh
 echo "== unit tests"
 python -m pytest -q tests/unit
 if [ "${1:-}" = "quick" ]; then
