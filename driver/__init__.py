@@ -1,10 +1,33 @@
 """torchherd's Python driver: launch and inspect torchherd runs through ansible-runner.
 
+    from driver import launch, launch_async, verify, status, stop, collect, logs, runs
+
 The driver talks to the collection only through ansible-runner and files (the job spec's
 argument_specs.yml, the run directory and its summary.json); it imports nothing from it.
 """
 
-from driver.api import RunResult, launch, verify
+from driver.api import (
+    Exit,
+    HostResult,
+    LogLine,
+    LogStream,
+    RunHandle,
+    RunInfo,
+    RunResult,
+    UsageError,
+    collect,
+    launch,
+    launch_async,
+    logs,
+    runs,
+    status,
+    stop,
+    verify,
+)
 from driver.spec import JobSpecError, load_job
 
-__all__ = ["JobSpecError", "RunResult", "launch", "load_job", "verify"]
+__all__ = [
+    "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "RunHandle", "RunInfo",
+    "RunResult", "UsageError", "collect", "launch", "launch_async", "load_job", "logs", "runs",
+    "status", "stop", "verify",
+]

@@ -12,9 +12,10 @@ from typing import Any
 import yaml
 
 from driver.paths import job_spec_file
+from driver.result import UsageError
 
 
-class JobSpecError(ValueError):
+class JobSpecError(UsageError):
     """A job spec that cannot run: names the key, the expected type and what was found."""
 
 
@@ -73,19 +74,26 @@ def validate(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """The job keys of a YAML file (``torchherd_job:`` at the top, or the keys directly),
+    not validated yet."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise JobSpecError(f"job file {path}: cannot read it: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise JobSpecError(f"job file {path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise JobSpecError(f"job file {path}: expected a mapping, found {type(data).__name__}")
+    job = data.get("torchherd_job", data)
+    if not isinstance(job, dict):
+        raise JobSpecError(f"job file {path}: expected torchherd_job to be a mapping, found "
+                           f"{type(job).__name__}")
+    return dict(job)
+
+
 def load_job(path: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
-    """Load a job file (``torchherd_job:`` at the top, or the job's keys directly) and apply
-    overrides (None means not given); the result is validated."""
-    job: dict[str, Any] = {}
-    if path:
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise JobSpecError(f"job file {path}: cannot read it: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise JobSpecError(f"job file {path}: not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise JobSpecError(f"job file {path}: expected a mapping, found {type(data).__name__}")
-        job = dict(data.get("torchherd_job", data))
+    """Load a job file and apply overrides (None means not given); the result is validated."""
+    job = read_job_file(path) if path else {}
     job.update({k: v for k, v in overrides.items() if v is not None})
     return validate(job)

@@ -1,0 +1,225 @@
+"""What a run came to: exit codes, per-host results, and the verdict read from the run directory.
+
+The playbooks write ``runs/<run_id>/plan.json``, ``preflight.json`` and ``summary.json``; the
+driver only reads them. ``verdict`` is pure, so the mapping to exit codes is unit-tested.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+from driver.logs import static_nproc
+
+
+class Exit(IntEnum):
+    """Exit codes of the CLI, also ``RunResult.exit_code``."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    PREFLIGHT_FAILED = 3
+    JOB_FAILED = 4
+    NODE_UNREACHABLE = 5
+    TIMEOUT = 6
+    CANCELLED = 130
+
+
+class UsageError(ValueError):
+    """A request that cannot run at all (bad job spec, unknown run id): exit code 2."""
+
+
+class HostResult(TypedDict, total=False):
+    """One node of a run, as summary.json records it (plus the artifacts fetched back)."""
+
+    node_rank: int
+    address: str
+    state: str  # running succeeded failed stopped timed_out lost unreachable absent unknown
+    exit_code: int | None
+    unreachable: bool
+    error: str | None
+    last_line: str
+    started_at: float | None
+    ended_at: float | None
+    log: str | None  # runs/<run_id>/nodes/<host>/node.log on the controller
+    logs_fetched: bool
+    failing_rank: int | None
+    exception: str | None
+    traceback: str | None
+    artifacts: list[str]  # files under runs/<run_id>/artifacts/<host>/
+
+
+@dataclass
+class RunResult:
+    """One run as the last playbook left it: verdict, per-host results, timings."""
+
+    run_id: str
+    run_dir: Path
+    action: str
+    state: str
+    exit_code: Exit
+    reason: str
+    hosts: dict[str, HostResult] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    problems: list[dict[str, str]] = field(default_factory=list)
+    world_size: int | None = None
+    nproc_per_node: int | str | None = None  # 'auto' until preflight resolved it
+    nnodes: str | None = None  # "3", or MIN:MAX for elastic rendezvous
+    master: dict[str, Any] | None = None  # host, addr, port
+    merged_log: str | None = None  # every node's log, lines prefixed with host and rank
+    # Processes per node when global ranks follow node ranks (static rendezvous), else None.
+    static_nproc: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == Exit.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document (driver/schema.json)."""
+        return {
+            "action": self.action, "run_id": self.run_id, "run_dir": str(self.run_dir),
+            "state": self.state, "exit_code": int(self.exit_code),
+            "exit_name": self.exit_code.name.lower(), "reason": self.reason,
+            "world_size": self.world_size, "nproc_per_node": self.nproc_per_node,
+            "nnodes": self.nnodes, "master": self.master, "merged_log": self.merged_log,
+            "hosts": self.hosts, "timings": self.timings, "problems": self.problems,
+        }
+
+
+@dataclass
+class RunInfo:
+    """A past run, as ``runs()`` lists it from the runs directory."""
+
+    run_id: str
+    run_dir: Path
+    state: str
+    started_at: float | None
+    nodes: list[str]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "state": self.state,
+                "started_at": self.started_at, "nodes": self.nodes, "reason": self.reason}
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def exit_for_hosts(state: str, hosts: dict[str, Any], action: str) -> Exit:
+    """The exit code a summary means. Its overall state has the last word on success (an
+    elastic job may finish without a lost node). Otherwise a lost node explains the failures
+    it causes elsewhere, so it ranks first; a timeout stops every node, so it ranks before
+    plain failures."""
+    if state in ("succeeded", "running"):
+        return Exit.OK
+    states = {h.get("state") for h in hosts.values()}
+    if states & {"lost", "unreachable"}:
+        return Exit.NODE_UNREACHABLE
+    if "timed_out" in states:
+        return Exit.TIMEOUT
+    if "failed" in states or state == "failed":
+        return Exit.JOB_FAILED
+    if state == "stopped":
+        # Stopping is what stop (and a status afterwards) is for; a launch that was stopped
+        # from elsewhere did not do its job.
+        return Exit.JOB_FAILED if action == "launch" else Exit.OK
+    return Exit.ERROR
+
+
+def _preflight_verdict(gate: dict[str, Any]) -> tuple[Exit, str, str]:
+    problems = gate.get("problems") or []
+    code = Exit.NODE_UNREACHABLE if any(p.get("check") == "ssh" for p in problems) \
+        else Exit.PREFLIGHT_FAILED
+    reason = "; ".join(f"{p['host']}: {p['check']}: expected {p['expected']}, found "
+                       f"{p['found']}" for p in problems) or "preflight failed"
+    return code, "preflight_failed", reason
+
+
+def verdict(
+    action: str,
+    summary: dict[str, Any] | None,
+    preflight: dict[str, Any] | None,
+    planned: bool,
+    rc: int,
+    message: str,
+) -> tuple[Exit, str, str]:
+    """Exit code, state and reason of an action, from the run's files and the runner's rc.
+
+    ``planned``: plan.json exists (without it, Ansible refused the input: a usage error).
+    ``message``: the first failure Ansible reported, for when the files say nothing.
+    """
+    gate = (preflight or {}).get("gate") or {}
+    if summary and summary.get("state") not in (None, "unknown"):
+        state, reason = summary["state"], summary.get("reason", "")
+        code = exit_for_hosts(state, summary.get("hosts") or {}, action)
+        if code == Exit.OK and rc != 0:
+            return Exit.ERROR, state, message
+        return code, state, reason
+    if gate and not gate.get("ok", True):
+        return _preflight_verdict(gate)
+    if action == "verify" and rc == 0 and gate.get("ok"):
+        return Exit.OK, "verified", "every check passed"
+    if not planned:
+        return Exit.USAGE, "invalid", message
+    if summary:
+        return Exit.ERROR, summary["state"], summary.get("reason", message)
+    return Exit.ERROR, "error", message
+
+
+def artifacts_of(run_dir: Path, host: str) -> list[str]:
+    base = run_dir / "artifacts" / host
+    return sorted(str(p) for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+
+
+def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
+    """The RunResult that the run directory and the runner's return code amount to."""
+    summary = read_json(run_dir / "summary.json")
+    preflight = read_json(run_dir / "preflight.json")
+    code, state, reason = verdict(action, summary, preflight,
+                                  (run_dir / "plan.json").exists(), rc, message)
+    hosts: dict[str, HostResult] = {}
+    for host, entry in ((summary or {}).get("hosts") or {}).items():
+        hosts[host] = cast(HostResult, {**entry, "artifacts": artifacts_of(run_dir, host)})
+    gate = (preflight or {}).get("gate") or {}
+    plan = read_json(run_dir / "plan.json") or {}
+    # The gate resolved nproc_per_node 'auto' (a summary written by status, stop or collect
+    # may still say 'auto'); before any summary, the plan has the rest.
+    layout = {**plan, **(summary or {}),
+              **{k: v for k, v in gate.items()
+                 if k in ("world_size", "nproc_per_node") and isinstance(v, int)}}
+    return RunResult(run_id=run_dir.name, run_dir=run_dir, action=action, state=state,
+                     exit_code=code, reason=reason, hosts=hosts,
+                     timings=(summary or {}).get("timings") or {}, summary=summary or {},
+                     problems=list(gate.get("problems") or []),
+                     world_size=layout.get("world_size"),
+                     nproc_per_node=layout.get("nproc_per_node"),
+                     nnodes=layout.get("nnodes"), master=layout.get("master"),
+                     merged_log=(summary or {}).get("merged_log"),
+                     static_nproc=static_nproc(plan, preflight))
+
+
+def run_info(run_dir: Path) -> RunInfo | None:
+    """What runs() shows of one run directory; None when it holds no plan."""
+    plan = read_json(run_dir / "plan.json")
+    if plan is None:
+        return None
+    summary = read_json(run_dir / "summary.json")
+    gate = (read_json(run_dir / "preflight.json") or {}).get("gate") or {}
+    if summary:
+        state, reason = summary.get("state", "unknown"), summary.get("reason", "")
+    elif gate and not gate.get("ok", True):
+        _code, state, reason = _preflight_verdict(gate)
+    else:
+        state, reason = "unknown", "no summary.json (a launch in progress, or one interrupted)"
+    return RunInfo(run_id=run_dir.name, run_dir=run_dir, state=state,
+                   started_at=plan.get("started_at"),
+                   nodes=[n["host"] for n in plan.get("nodes") or []], reason=reason)

@@ -1,0 +1,366 @@
+"""The driver's API and CLI on the container cluster: launch (blocking and async), status,
+logs, stop, collect, runs; exit codes; Ctrl-C with either on-interrupt choice; secrets.
+
+Each 3-node launch costs ~15-20 s here, so one launch serves several assertions. Every test
+leaves cluster3 as it found it: no job process on any node, sshd running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from driver import api
+from driver.api import Exit
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = r"torch\.distributed\.run"
+JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
+SCHEMA = json.loads((REPO / "driver" / "schema.json").read_text())
+OK_LINE = re.compile(r"^(\S+) r(\d+): torchherd-allreduce ok host=(\S+) .*\brank=(\d+) ")
+
+
+@pytest.fixture(scope="module")
+def code_src(tmp_path_factory):
+    """examples/allreduce.py alone: edits elsewhere in examples/ cannot change what is synced
+    while a test runs."""
+    code = tmp_path_factory.mktemp("code")
+    shutil.copy(REPO / "examples" / "allreduce.py", code)
+    return str(code)
+
+
+def allreduce_job(code_src, **extra):
+    return {"script": "allreduce.py", "code_src": code_src, "nproc_per_node": 2, **extra}
+
+
+def launch_argv(cluster, code_src, runs_dir, *flags, script_args=()):
+    return ["launch", "-i", str(cluster.inventory), "--code-src", code_src,
+            "--nproc-per-node", "2", "--runs-dir", str(runs_dir), *flags,
+            "--", "allreduce.py", *script_args]
+
+
+def cli(*argv, env=None, timeout=180):
+    """Run the CLI to the end: (exit code, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "driver", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def start_cli(*argv, env=None, out=None, err=None):
+    return subprocess.Popen([sys.executable, "-m", "driver", *argv], cwd=REPO, env=env,
+                            stdin=subprocess.DEVNULL, stdout=out or subprocess.PIPE,
+                            stderr=err or subprocess.PIPE, text=True)
+
+
+def document(stdout):
+    """The one JSON document of --json, checked against driver/schema.json."""
+    doc = json.loads(stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(1)
+
+
+def torchrun_everywhere(cluster) -> bool:
+    return all(cluster.pids(node, TORCHRUN) for node in cluster.nodes)
+
+
+def assert_no_job_left(cluster):
+    for node in cluster.nodes:
+        assert cluster.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
+
+
+@contextmanager
+def left_healthy(cluster, runs_dir: Path, *started: subprocess.Popen,
+                 ) -> Iterator[list[subprocess.Popen]]:
+    """Whatever the test did, end its CLI processes (those given, and those it adds to the
+    list yielded) and every job on the nodes."""
+    procs = list(started)
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if any(cluster.pids(node, JOB_PROCS) for node in cluster.nodes):
+            for run in api.runs(runs_dir):
+                api.stop(run.run_id, runs_dir=runs_dir, inventory=cluster.inventory)
+            for node in cluster.nodes:
+                cluster.exec(node, ["pkill", "-KILL", "-f", JOB_PROCS], check=False)
+
+
+def test_api_blocking_launch_then_logs_and_runs(cluster3, code_src, tmp_path):
+    result = api.launch(allreduce_job(code_src, artifacts=["allreduce.py"]),
+                        cluster3.inventory, runs_dir=tmp_path)
+    assert result.ok and result.exit_code == Exit.OK, result.reason
+    assert result.state == "succeeded" and result.world_size == 6
+    assert set(result.timings) >= {"preflight", "sync", "start", "watch", "collect", "total"}
+    for node_rank, node in enumerate(cluster3.nodes):
+        host = result.hosts[node.name]
+        assert (host["node_rank"], host["state"], host["exit_code"]) == (node_rank, "succeeded", 0)
+        assert host["log"] == str(tmp_path / result.run_id / "nodes" / node.name / "node.log")
+        assert Path(host["log"]).is_file()
+        assert [Path(a).name for a in host["artifacts"]] == ["allreduce.py"]
+
+    # logs fetch them first (collect), with the inventory that the launch recorded.
+    stream = api.logs(result.run_id, runs_dir=tmp_path)
+    ranks = {}
+    for line in stream:
+        match = OK_LINE.match(str(line))
+        if match:
+            host, label_rank, hostname, rank = match.groups()
+            # The prefix names the node the line came from and its global rank.
+            assert host == hostname and label_rank == rank
+            ranks[int(rank)] = host
+    assert sorted(ranks) == list(range(6))
+    assert {ranks[r] for r in (2, 3)} == {cluster3.nodes[1].name}
+    assert (stream.result.action, stream.result.state, stream.result.exit_code) == (
+        "collect", "succeeded", Exit.OK)
+
+    [run] = api.runs(tmp_path)
+    assert (run.run_id, run.state) == (result.run_id, "succeeded")
+    assert run.nodes == [n.name for n in cluster3.nodes] and run.started_at > 0
+
+
+def test_api_async_events_status_cancel_detached_then_stop(cluster3, code_src, tmp_path):
+    secret = f"s3cret-{secrets.token_hex(8)}"
+    job = allreduce_job(code_src, args=["--sleep", "120"], secret_env={"TH_TOKEN": secret})
+    handle = api.launch_async(job, cluster3.inventory, runs_dir=tmp_path, on_interrupt="detach")
+    with left_healthy(cluster3, tmp_path):
+        started, kinds, seen = set(), set(), []
+        for event in handle.events(timeout=120):
+            seen.append(event)
+            kinds.add(event["event"])
+            data = event["event_data"]
+            if data.get("task") == "Start torchrun on every node" and \
+                    event["event"] == "runner_on_ok":
+                started.add(data["host"])
+            if len(started) == 3:
+                break
+        assert len(started) == 3, handle.wait().reason
+        assert {"playbook_on_play_start", "runner_on_ok"} <= kinds
+        assert not handle.done()
+        wait_for(lambda: torchrun_everywhere(cluster3), 30, "torchrun on every node")
+
+        running = api.status(handle.run_id, runs_dir=tmp_path)
+        assert (running.state, running.exit_code) == ("running", Exit.OK)
+        assert {h["state"] for h in running.hosts.values()} == {"running"}
+
+        handle.cancel()
+        result = handle.wait(timeout=120)
+        assert result.exit_code == Exit.CANCELLED and result.state == "running", result.reason
+        assert f"stop {handle.run_id}" in result.reason
+        # The event stream ends with the run, the status check after the cancel included.
+        rest = list(handle.events(timeout=5))
+        assert rest and rest[-1]["event"] == "playbook_on_stats"
+        # Events carry results such as the plan's: secret values never reach the caller.
+        assert secret not in json.dumps(seen + rest, default=str)
+        assert torchrun_everywhere(cluster3), "a detached job must keep running"
+
+        stopped = api.stop(handle.run_id, runs_dir=tmp_path)
+        assert (stopped.action, stopped.state, stopped.exit_code) == ("stop", "stopped", Exit.OK)
+        assert_no_job_left(cluster3)
+
+
+class CmdlineScan:
+    """Look for a string in every controller process's command line, as often as it can."""
+
+    def __init__(self, needle: str) -> None:
+        self.needle = needle.encode()
+        self.hits: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    data = cmdline.read_bytes()
+                except OSError:
+                    continue
+                if self.needle in data:
+                    self.hits.append(data.replace(b"\0", b" ").decode(errors="replace"))
+            self.scans += 1
+            time.sleep(0.1)
+
+    def __enter__(self) -> CmdlineScan:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tagged_processes(tag: str) -> list[str]:
+    """Controller processes that inherited the environment marker ``tag``, except the SSH
+    connection masters that Ansible's ControlPersist keeps for a while by design."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if tag.encode() not in (proc / "environ").read_bytes():
+                continue
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "[mux]" not in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def test_cli_sigint_stops_the_job_and_secrets_stay_hidden(cluster3, code_src, tmp_path):
+    secret, tag = f"s3cret-{secrets.token_hex(8)}", f"tag-{secrets.token_hex(8)}"
+    env = {**os.environ, "TH_TEST_SECRET": secret, "TH_TEST_TAG": tag}
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    runs = tmp_path / "runs"
+    argv = launch_argv(cluster3, code_src, runs, "--run-id", "sigint-stop", "--json",
+                       "--secret-env", "TH_TEST_SECRET", "-e", "PLAIN=visible",
+                       script_args=["--sleep", "120"])
+    with CmdlineScan(secret) as scan, out.open("w") as o, err.open("w") as e:
+        proc = start_cli(*argv, env=env, out=o, err=e)
+        with left_healthy(cluster3, runs, proc):
+            wait_for(lambda: torchrun_everywhere(cluster3), 120, "torchrun on every node")
+            for node in cluster3.nodes:
+                args = cluster3.exec(node, ["ps", "-eo", "args"]).stdout
+                assert secret not in args, f"the secret is on a command line on {node.name}"
+            # It did arrive: in the job's environment, where it belongs.
+            pid = cluster3.pids(0, TORCHRUN)[0]
+            environ = cluster3.exec(0, ["cat", f"/proc/{pid}/environ"]).stdout.split("\0")
+            assert f"TH_TEST_SECRET={secret}" in environ and "PLAIN=visible" in environ
+
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=120) == Exit.CANCELLED, err.read_text()
+            assert_no_job_left(cluster3)
+    assert scan.scans > 10 and scan.hits == [], scan.hits
+    assert tagged_processes(tag) == [], "processes of the driver outlived it"
+
+    doc = document(out.read_text())
+    assert (doc["exit_name"], doc["state"]) == ("cancelled", "stopped")
+    assert "stopped on every node" in doc["reason"]
+    assert {h["state"] for h in doc["hosts"].values()} == {"stopped"}
+    stderr = err.read_text()
+    assert "cancelling" in stderr
+    assert secret not in stderr and secret not in out.read_text()
+    files = [p for p in (runs / "sigint-stop").rglob("*") if p.is_file()]
+    assert len(files) > 10  # plan, preflight, summary, every node's logs
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), f"the secret is in {path}"
+
+
+def test_cli_sigint_detach_then_status_logs_stop_collect_runs(cluster3, code_src, tmp_path):
+    run_id, tag = "sigint-detach", f"tag-{secrets.token_hex(8)}"
+    proc = start_cli(*launch_argv(cluster3, code_src, tmp_path, "--run-id", run_id,
+                                  "--on-interrupt", "detach", script_args=["--sleep", "120"]),
+                     env={**os.environ, "TH_TEST_TAG": tag})
+    with left_healthy(cluster3, tmp_path, proc) as procs:
+        wait_for(lambda: torchrun_everywhere(cluster3), 120, "torchrun on every node")
+        proc.send_signal(signal.SIGINT)
+        _out, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == Exit.CANCELLED, stderr
+        assert f"stop {run_id} --runs-dir {tmp_path}" in stderr
+        assert torchrun_everywhere(cluster3), "a detached job must keep running"
+
+        code, stdout, stderr = cli("status", run_id, "--runs-dir", str(tmp_path), "--json")
+        assert code == Exit.OK, stderr
+        assert document(stdout)["state"] == "running"
+
+        follow = start_cli("logs", run_id, "--runs-dir", str(tmp_path), "--follow",
+                           "--interval", "2")
+        procs.append(follow)
+        seen: dict[int, str] = {}
+        while len(seen) < 6:
+            line = follow.stdout.readline()
+            assert line, f"logs --follow ended early: {follow.stderr.read()}"
+            match = OK_LINE.match(line)
+            if match:
+                seen[int(match.group(2))] = match.group(1)
+        assert seen[5] == cluster3.nodes[2].name
+
+        code, stdout, stderr = cli("stop", run_id, "--runs-dir", str(tmp_path), "--json")
+        assert code == Exit.OK, stderr
+        assert document(stdout)["state"] == "stopped"
+        assert_no_job_left(cluster3)
+        # Following ends once the job no longer runs.
+        follow.communicate(timeout=60)
+        assert follow.returncode == Exit.OK
+
+        code, stdout, stderr = cli("collect", run_id, "--runs-dir", str(tmp_path), "--json")
+        assert code == Exit.OK, stderr
+        collected = document(stdout)
+        assert collected["action"] == "collect" and collected["state"] == "stopped"
+        assert all(Path(h["log"]).is_file() for h in collected["hosts"].values())
+
+        code, stdout, _stderr = cli("runs", "--runs-dir", str(tmp_path), "--json")
+        assert code == Exit.OK
+        [run] = document(stdout)["runs"]
+        assert (run["run_id"], run["state"]) == (run_id, "stopped")
+    assert tagged_processes(tag) == [], "processes of the driver outlived it"
+
+
+def test_cli_failing_rank_is_job_failed(cluster3, code_src, tmp_path):
+    code, stdout, stderr = cli(*launch_argv(cluster3, code_src, tmp_path, "--json",
+                                            script_args=["--fail-rank", "3"]))
+    assert code == Exit.JOB_FAILED, stderr
+    doc = document(stdout)
+    assert (doc["state"], doc["exit_name"]) == ("failed", "job_failed")
+    failed = doc["hosts"][cluster3.nodes[1].name]
+    assert failed["state"] == "failed" and failed["failing_rank"] == 3
+    assert "injected failure on rank 3" in failed["exception"]
+    assert "rank 3" in doc["reason"]
+    assert_no_job_left(cluster3)
+
+
+def test_cli_preflight_failure_and_usage_error(cluster3, code_src, tmp_path):
+    # No GPU on the nodes: nccl with 2 processes per node cannot start.
+    code, stdout, stderr = cli(*launch_argv(cluster3, code_src, tmp_path, "--backend", "nccl",
+                                            "--json"))
+    assert code == Exit.PREFLIGHT_FAILED, stderr
+    doc = document(stdout)
+    assert doc["state"] == "preflight_failed" and doc["problems"]
+    assert {p["host"] for p in doc["problems"]} <= {n.name for n in cluster3.nodes}
+    assert_no_job_left(cluster3)
+
+    code, stdout, stderr = cli(*launch_argv(cluster3, code_src, tmp_path, "--master-port",
+                                            "high"))
+    assert code == Exit.USAGE and stdout == ""
+    assert "job key 'master_port': expected int, found str 'high'" in stderr
+
+
+def test_cli_unreachable_node(cluster3, code_src, tmp_path):
+    dead = cluster3.nodes[2]
+    cluster3.stop_sshd(dead)
+    # A stopped sshd leaves existing sessions (Ansible's ControlPersist masters) alive.
+    cluster3.exec(dead, ["pkill", "-x", "sshd"], check=False)
+    try:
+        code, stdout, stderr = cli(*launch_argv(cluster3, code_src, tmp_path, "--json"))
+    finally:
+        cluster3.start_sshd(dead)
+        cluster3.wait_ssh()
+    assert code == Exit.NODE_UNREACHABLE, stderr
+    doc = document(stdout)
+    assert doc["exit_name"] == "node_unreachable" and dead.name in doc["reason"]
+    assert_no_job_left(cluster3)
