@@ -160,8 +160,12 @@ def verdict(
     gate = (preflight or {}).get("gate") or {}
     if summary and summary.get("state") not in (None, "unknown"):
         state, reason = summary["state"], summary.get("reason", "")
-        code = exit_for_hosts(state, summary.get("hosts") or {}, action)
-        if code == Exit.OK and rc != 0:
+        hosts = summary.get("hosts") or {}
+        code = exit_for_hosts(state, hosts, action)
+        # Ansible's rc counts an unreachable host as a failure; an elastic job that finished
+        # without its lost node succeeded all the same.
+        lost = any(h.get("state") in ("lost", "unreachable") for h in hosts.values())
+        if code == Exit.OK and rc != 0 and not lost:
             return Exit.ERROR, state, message
         return code, state, reason
     if gate and not gate.get("ok", True):
