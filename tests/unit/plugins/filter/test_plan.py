@@ -142,3 +142,9 @@ def test_redact_hides_secret_values_only():
     assert shown["job"]["secret_env"] == {"TOKEN": "********"}
     assert shown["job"]["env"] == {"A": "1"}
     assert p["job"]["secret_env"] == {"TOKEN": "hunter2"}
+
+
+def test_srun_launcher_needs_slurm_nodes():
+    fails("job.launcher: expected nodes of a SLURM job", launcher="srun")
+    hv = {h: dict(v, torchherd_slurm_job_id="42") for h, v in HOSTVARS.items()}
+    assert run(hostvars=hv, launcher="srun")["job"]["launcher"] == "srun"

@@ -201,6 +201,14 @@ def plan(job, groups, hostvars):
         else:
             nnodes = f"{int(match.group(1))}:{int(match.group(2))}"
 
+    if merged.get("launcher") == "srun":
+        outside = [n for n in nodes if not hostvars.get(n, {}).get("torchherd_slurm_job_id")]
+        if outside:
+            problems.append(f"job.launcher: expected nodes of a SLURM job (the "
+                            f"torchherd.cluster.slurm inventory) for launcher srun, found "
+                            f"{', '.join(outside)} outside one; fix: use that inventory, or "
+                            f"launcher ssh")
+
     for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1)):
         value = merged.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -21,6 +21,9 @@ description:
     O(grace) seconds to every process that carries the run's marker; nothing of the job remains.
   - Every process of the job inherits C(TORCHHERD_RUN=<run dir>) in its environment, which is how
     stop and stale-job checks find workers that torchrun put in sessions of their own.
+  - With O(wrapper), the supervisor runs torchrun through that command instead, e.g. C(srun), so
+    that torchrun runs as a step of a SLURM job; the run directory, states, stop and the marker
+    stay the same.
 extends_documentation_fragment:
   - torchherd.cluster.attributes
 attributes:
@@ -117,6 +120,15 @@ options:
     description: Extra facts recorded in C(meta.json) (host, node_rank); returned by status.
     type: dict
     default: {}
+  wrapper:
+    description:
+      - Command, as an argv list, that runs torchrun's command line given after it, such as
+        C([srun, --jobid=42, --nodelist=node3, --nodes=1, --ntasks=1, --overlap, --export=ALL]).
+      - It must pass on its environment (the run's marker) and its exit code. Empty runs
+        torchrun directly.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -180,7 +192,7 @@ last_line:
   type: str
   sample: "[default0]:rank 0 ok"
 cmd:
-  description: The torchrun command line, as an argv list.
+  description: The torchrun command line (after O(wrapper), if any), as an argv list.
   returned: when O(state=started)
   type: list
   elements: str
@@ -202,7 +214,7 @@ ended_at:
   type: float
   sample: 1763700010.2
 meta:
-  description: What O(meta) recorded at start.
+  description: What O(meta) recorded at start, and O(wrapper) when one was given.
   returned: always
   type: dict
   sample: {host: node0, node_rank: 0}
@@ -210,6 +222,7 @@ meta:
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,7 +260,7 @@ def torchrun_argv(p, paths):
     else:
         argv += ["--node-rank", str(p["node_rank"]),
                  "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
-    return argv + [p["script"]] + list(p["args"])
+    return list(p["wrapper"]) + argv + [p["script"]] + list(p["args"])
 
 
 def _last_line(path):
@@ -306,6 +319,9 @@ def start(module, p, paths):
             job_state=current["state"], run_dir=paths["dir"])
     if not p["script"]:
         module.fail_json(msg="script is required with state=started")
+    if p["wrapper"] and not shutil.which(p["wrapper"][0]):
+        module.fail_json(msg=f"wrapper: expected {p['wrapper'][0]} on this node's PATH, found "
+                             f"none; fix: install it, or give its absolute path")
     argv = torchrun_argv(p, paths)
     if module.check_mode:
         module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
@@ -323,7 +339,10 @@ def start(module, p, paths):
     write_atomic(paths["cmd"], json.dumps(argv))
     write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))
     started_at = time.time()
-    write_atomic(paths["meta"], json.dumps(dict(p["meta"], started_at=started_at)))
+    meta = dict(p["meta"], started_at=started_at)
+    if p["wrapper"]:
+        meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop_wrapped)
+    write_atomic(paths["meta"], json.dumps(meta))
 
     first = os.fork()
     if first == 0:
@@ -360,6 +379,36 @@ def wait(module, paths, timeout):
     report(module, paths)
 
 
+def _stop_wrapped(run_dir, wrapper_pid, grace):
+    """SIGTERM torchrun itself, then wait up to grace for it and its workers to end.
+
+    Under a wrapper, the pid is the wrapper's, and srun answers SIGTERM by killing its step
+    at once; torchrun runs outside the wrapper's process group (under slurmstepd), the only
+    process of the job whose parent is not one of the job's."""
+    def outside():
+        found = {}
+        for pid in job_pids(run_dir):
+            try:
+                if os.getpgid(pid) == wrapper_pid:
+                    continue
+                with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+                    found[pid] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+        return found
+
+    procs = outside()
+    for pid, parent in procs.items():
+        if parent not in procs:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and outside():
+        time.sleep(0.1)
+
+
 def stop(module, p, paths):
     state = read_state(paths)
     left = job_pids(paths["dir"])
@@ -368,6 +417,8 @@ def stop(module, p, paths):
     if module.check_mode:
         report(module, paths, changed=True, killed=[])
     write_atomic(paths["stopped"], f"{time.time()}\n")
+    if state["pid"] and load_json(paths["meta"], {}).get("wrapper"):
+        _stop_wrapped(paths["dir"], state["pid"], p["grace"])
     killed = terminate(paths["dir"], state["pid"], p["grace"]) if state["pid"] else []
     for pid in job_pids(paths["dir"]):
         os.kill(pid, signal.SIGKILL)
@@ -405,6 +456,7 @@ def main():
             wait_timeout=dict(type="float", default=5),
             grace=dict(type="float", default=10),
             meta=dict(type="dict", default={}),
+            wrapper=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )

@@ -1,0 +1,213 @@
+"""SLURM: the allocation as the inventory, torchrun as job steps, scancel ends everything.
+
+A real SLURM (slurmctld, munge, slurmd) in podman containers, tests/cluster/slurm.py. As on a
+real site, sbatch, salloc and scancel run on the login node (<name>-ctl), a batch script runs
+on the first node of its allocation and drives the launch from there over SSH, with torchherd
+on shared storage (the checkout, mounted at its own path everywhere).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import slurm as slurm_cluster
+from tests.cluster import testbed
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "slurm"
+SBATCH = str(REPO / "examples" / "torchherd.sbatch")
+INVENTORY = str(REPO / "tests" / "cluster" / "slurm" / "torchherd.slurm.yml")
+# The image's python3 stands for the project's venv on shared storage (see slurm.py).
+TEMPLATE_ENV = {"TORCHHERD_HOME": str(REPO), "TORCHHERD_PYTHON": "/usr/bin/python3"}
+ANSIBLE_ENV = ["env", f"ANSIBLE_CONFIG={REPO / 'ansible.cfg'}",
+               "ANSIBLE_INVENTORY_UNPARSED_FAILED=1"]
+OK_LINE = re.compile(r"torchherd-allreduce ok host=(\S+) node_rank=(\d+) local_rank=0 rank=(\d+)")
+# Anything of a torchherd launch on a node: torchrun and workers, the supervisor and modules
+# (a bare interpreter: pipelined Ansible), srun, the driver and ansible-playbook, SSH masters.
+JOB_PROCS = re.compile(
+    r"torch\.distributed\.run|allreduce\.py|^srun |driver launch|ansible-playbook"
+    r"|^/usr/bin/python3(\.11)?$|^ssh: |slurmstepd: \[\d+\.\d+\]"
+)
+
+
+@pytest.fixture(scope="module")
+def slurm(node_image: str):
+    """Controller + 4 slurmd nodes, shared by this module; jobs here leave them idle."""
+    with testbed.reserve(NAME):
+        cluster = slurm_cluster.up(NAME, 4)
+        yield cluster
+        slurm_cluster.down(NAME)
+
+
+def names(cluster, *indexes: int) -> list[str]:
+    return [cluster.nodes[i].name for i in indexes]
+
+
+def unwrap(value):
+    """ansible-inventory marks plugin strings as {"__ansible_unsafe": value}."""
+    return value.get("__ansible_unsafe") if isinstance(value, dict) else value
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def leftovers(cluster, node) -> list[str]:
+    """Processes of a torchherd launch on the node, and any carrying a run's marker."""
+    listed = cluster.exec(node, ["ps", "-eo", "pid=,args="]).stdout.splitlines()
+    found = [line.strip() for line in listed
+             if JOB_PROCS.search(line.strip().split(None, 1)[-1])]
+    marked = cluster.exec(node, ["sh", "-c", "grep -l -a TORCHHERD_RUN= /proc/[0-9]*/environ"],
+                          check=False).stdout.split()
+    return found + [f"marker: {path}" for path in marked]
+
+
+def test_inventory_lists_exactly_the_allocated_nodes(slurm):
+    skipped = slurm.nodes[1].name
+    script = f'echo "job=$SLURM_JOB_ID"; ansible-inventory -i {INVENTORY} --list'
+    out = slurm.slurm(["salloc", "--nodes=3", f"--exclude={skipped}", "--gres=gpu:1",
+                       *ANSIBLE_ENV, "sh", "-c", script]).stdout
+    first, _sep, listed = out.partition("\n")
+    job_id = first.removeprefix("job=")
+    inventory = json.loads(listed)
+
+    allocated = slurm.job_nodes(job_id)
+    assert allocated == names(slurm, 0, 2, 3)
+    # Exactly the allocation, in SLURM's order (the order of SLURM_NODEID): node_rank order.
+    assert inventory["torchherd_nodes"]["hosts"] == allocated
+    hostvars = inventory["_meta"]["hostvars"]
+    assert sorted(hostvars) == sorted(allocated)
+    by_name = {node.name: node for node in slurm.nodes}
+    for host in allocated:
+        variables = {key: unwrap(value) for key, value in hostvars[host].items()}
+        assert variables == {
+            "ansible_host": by_name[host].ip,  # SLURM's NodeAddr
+            "torchherd_slurm_job_id": job_id,
+            "torchherd_slurm_node": host,
+            "torchherd_slurm_gpus": 1,
+        }
+
+
+def test_inventory_outside_a_running_job_fails_clearly(slurm):
+    listing = [*ANSIBLE_ENV, "ansible-inventory", "-i", INVENTORY, "--list"]
+    outside = slurm.slurm(listing, check=False)
+    assert outside.returncode != 0
+    assert "no SLURM job: expected to run inside an allocation" in outside.stderr
+
+    held = slurm.sbatch(["--hold", "--wrap", "true"])
+    try:
+        pending = slurm.slurm(["env", f"SLURM_JOB_ID={held}", *listing], check=False)
+    finally:
+        slurm.slurm(["scancel", held])
+    assert pending.returncode != 0
+    assert f"SLURM job {held}: expected a RUNNING job, found it PENDING" in pending.stderr
+
+    unknown = slurm.slurm(["env", "SLURM_JOB_ID=999999", *listing], check=False)
+    assert unknown.returncode != 0
+    assert "Invalid job id" in unknown.stderr
+
+
+def test_sbatch_launches_on_exactly_the_allocated_nodes(slurm):
+    """sbatch -N 3 of the template: the verified launch on the 3 nodes SLURM chose, ranks in
+    allocation order, torchrun as a step of the job; the job's output holds the summary."""
+    skipped = slurm.nodes[1]
+    submitted = slurm.slurm([
+        "env", *(f"{k}={v}" for k, v in TEMPLATE_ENV.items()),
+        "sbatch", "--parsable", "--wait", "--nodes=3", f"--exclude={skipped.name}",
+        "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
+        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1", "--", "allreduce.py",
+    ], check=False, timeout=300)  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    allocated = slurm.job_nodes(job_id)
+    batch_host = allocated[0]
+    output = slurm.exec(batch_host, ["cat", f"/root/torchherd-{job_id}.out"]).stdout
+    assert submitted.returncode == 0, output
+    assert slurm.job_state(job_id) == "COMPLETED"
+    assert allocated == names(slurm, 0, 2, 3)
+
+    # The per-node summary, in the job's output: every allocated node, its rank, succeeded.
+    rows = re.findall(rf"^\W*({NAME}-node\d+)\W+(\d+)\W+succeeded\W+0\W", output, re.MULTILINE)
+    assert rows == [(host, str(rank)) for rank, host in enumerate(allocated)], output
+    assert "succeeded: every node exited 0" in output
+    run_id = f"slurm-{job_id}"  # the template names the run after the job
+    summary = slurm.exec(batch_host, ["cat", f"/root/runs/{run_id}/summary.json"]).stdout
+    summary = json.loads(summary)
+    assert summary["state"] == "succeeded"
+    assert summary["world_size"] == 3
+
+    seen = {}
+    for rank, host in enumerate(allocated):
+        run_dir = f"/root/.torchherd/runs/{run_id}"
+        cmd = json.loads(slurm.exec(host, ["cat", f"{run_dir}/cmd.json"]).stdout)
+        # torchrun ran as a step of this job, on this node.
+        assert cmd[:3] == ["srun", f"--jobid={job_id}", f"--nodelist={host}"]
+        assert cmd[cmd.index("--node-rank") + 1] == str(rank)
+        for hostname, node_rank, global_rank in OK_LINE.findall(
+                slurm.exec(host, ["cat", f"{run_dir}/node.log"]).stdout):
+            assert (hostname, int(node_rank)) == (host, rank)
+            seen[int(global_rank)] = host
+    assert seen == dict(enumerate(allocated))
+    # Nothing ran on the node outside the allocation.
+    assert slurm.exec(skipped, ["test", "-e", "/root/.torchherd/runs"], check=False).returncode
+    for node in slurm.nodes:
+        assert leftovers(slurm, node) == [], node.name
+
+
+def test_scancel_leaves_no_process_on_any_node(slurm):
+    job_id = slurm.sbatch([
+        "--nodes=3", "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
+        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1",
+        "--", "allreduce.py", "--sleep", "600",
+    ], env=TEMPLATE_ENV)  # fmt: skip
+    slurm.wait_job(job_id, ["RUNNING"], timeout=60)
+    allocated = slurm.job_nodes(job_id)
+
+    run_dir = f"/root/.torchherd/runs/slurm-{job_id}"
+
+    def all_reduced():
+        if slurm.job_state(job_id) != "RUNNING":
+            output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"])
+            raise AssertionError(f"job {job_id} ended before scancel:\n{output.stdout}")
+        logs = [slurm.exec(host, ["cat", f"{run_dir}/node.log"], check=False).stdout
+                for host in allocated]
+        return all("torchherd-allreduce ok" in log for log in logs)
+
+    wait_for(all_reduced, 150, "all-reduce on every node")
+    for host in allocated:
+        # SLURM runs torchrun: its parent is the step's slurmstepd.
+        pid = slurm.pids(host, r"torch\.distributed\.run")[-1]
+        parent = slurm.exec(host, ["ps", "-o", "ppid=", "-p", str(pid)]).stdout.strip()
+        comm = slurm.exec(host, ["ps", "-o", "args=", "-p", parent]).stdout
+        assert comm.startswith(f"slurmstepd: [{job_id}."), comm
+
+    slurm.slurm(["scancel", job_id])
+    slurm.wait_job(job_id, ["CANCELLED"], timeout=30)
+    left = {}
+
+    def nothing_left():
+        left.clear()
+        left.update({n.name: found for n in slurm.nodes if (found := leftovers(slurm, n))})
+        return not left
+
+    try:
+        wait_for(nothing_left, 30, "clean nodes after scancel")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; left: {left}") from None
+    # The supervisor saw torchrun end on every node and recorded it.
+    for host in allocated:
+        assert slurm.exec(host, ["cat", f"{run_dir}/exit_code"]).stdout.strip()
