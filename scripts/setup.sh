@@ -14,7 +14,7 @@ fi
 if ! .venv/bin/python -c 'import torch, numpy; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
   .venv/bin/pip install -q torch==2.13.0 numpy
 fi
-if ! .venv/bin/python -c 'import driver, ansible_runner, pytest, ruff, ansiblelint' 2>/dev/null; then
+if ! .venv/bin/python -c 'import driver, ansible_runner, pytest, ruff, ansiblelint, molecule, jsonschema' 2>/dev/null; then
   .venv/bin/pip install -q -e '.[test]'
 fi
 if [ "${1:-}" = "--cluster" ]; then

@@ -17,3 +17,5 @@ if [ "${1:-}" = "quick" ]; then
 fi
 echo "== cluster tests"
 python -m pytest -q tests/integration
+echo "== molecule"
+scripts/molecule.sh
