@@ -14,6 +14,7 @@ import pytest
 from driver import launch
 from driver.api import Exit
 from driver.runner import run_playbook
+from driver.spec import JobSpecError
 
 pytestmark = pytest.mark.cluster
 
@@ -114,10 +115,8 @@ def test_second_launch_of_a_running_run_id_is_refused(cluster3, tmp_path):
                    cluster3.inventory, runs_dir=tmp_path)
     try:
         assert first.state == "running", first.reason
-        again = launch(job("allreduce.py", run_id="twice"), cluster3.inventory,
-                       runs_dir=tmp_path)
-        assert again.exit_code == Exit.USAGE
-        assert "already" in again.reason
+        with pytest.raises(JobSpecError, match="expected a new run id, found run twice"):
+            launch(job("allreduce.py", run_id="twice"), cluster3.inventory, runs_dir=tmp_path)
         # Another job, on another port, runs beside the first one.
         other = launch(job("allreduce.py", run_id="beside", master_port=29600),
                        cluster3.inventory, runs_dir=tmp_path)

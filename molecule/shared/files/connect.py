@@ -22,6 +22,6 @@ def attempt(target):
 
 targets = sys.argv[2:]
 with ThreadPoolExecutor(max(len(targets), 1)) as pool:
-    errors = dict(zip(targets, pool.map(attempt, targets)))
+    errors = dict(zip(targets, pool.map(attempt, targets), strict=True))
 print(json.dumps({"open": sorted(t for t, e in errors.items() if e is None),
                   "closed": {t: e for t, e in errors.items() if e is not None}}))

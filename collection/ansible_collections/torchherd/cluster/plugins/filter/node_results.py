@@ -53,7 +53,8 @@ def node_results(hosts, hostvars):
         hv = hostvars.get(host, {})
         entry = {"node_rank": hv.get("torchherd_node_rank"), "job_state": None,
                  "exit_code": None, "unreachable": False, "error": None, "last_line": "",
-                 "started_at": None, "ended_at": None, "logs_fetched": False}
+                 "started_at": None, "ended_at": None, "checked_at": None,
+                 "logs_fetched": False}
         # The latest word on the job wins: stop, then watch, then status, then start.
         for key in _KEYS:
             res = _plain(hv.get(key))
@@ -64,7 +65,8 @@ def node_results(hosts, hostvars):
             if res.get("job_state"):
                 entry.update(job_state=res["job_state"], exit_code=res.get("exit_code"),
                              last_line=res.get("last_line") or "",
-                             started_at=res.get("started_at"), ended_at=res.get("ended_at"))
+                             started_at=res.get("started_at"), ended_at=res.get("ended_at"),
+                             checked_at=res.get("checked_at"))
                 break
             if res.get("failed"):
                 entry["error"] = str(res.get("msg"))[:500]

@@ -78,6 +78,7 @@ table:
   sample: "node   rank  state      exit  ..."
 """
 
+import fcntl
 import glob
 import json
 import os
@@ -172,7 +173,16 @@ def phase_timings(started_at, marks):
     return timings
 
 
-def summarize(run_dir, plan, results, marks):
+def newer(old, new):
+    """Of two reports on one host, the one read later on that node's clock: a status that
+    looked before a stop must not overwrite the stop's result when it finishes after it."""
+    if old and old.get("checked_at") and (new.get("checked_at") or 0) < old["checked_at"]:
+        return old
+    return new
+
+
+def summarize(run_dir, plan, results, marks, previous=None):
+    previous = previous or {}
     hosts = {}
     for node in plan["nodes"]:
         host = node["host"]
@@ -186,6 +196,7 @@ def summarize(run_dir, plan, results, marks):
             "exit_code": res.get("exit_code"), "unreachable": bool(res.get("unreachable")),
             "error": res.get("error"), "last_line": res.get("last_line") or "",
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
+            "checked_at": res.get("checked_at"),
             "log": os.path.join(node_dir, "node.log") if os.path.exists(
                 os.path.join(node_dir, "node.log")) else None,
             "logs_fetched": bool(res.get("logs_fetched")),
@@ -193,7 +204,7 @@ def summarize(run_dir, plan, results, marks):
         }
         if state in _BAD:
             entry.update(failure_of(node_dir))
-        hosts[host] = entry
+        hosts[host] = newer(previous.get(host), entry)
 
     states = [h["state"] for h in hosts.values()]
     bad = [(name, h) for name, h in hosts.items() if h["state"] in _BAD + ("unreachable",)]
@@ -287,14 +298,22 @@ def main():
     )
     p = module.params
     os.makedirs(p["run_dir"], exist_ok=True)
-    summary = summarize(p["run_dir"], p["plan"], p["results"], p["marks"])
-    merged = os.path.join(p["run_dir"], "merged.log")
-    summary["merged_log"] = merged if merge_logs(p["run_dir"], p["plan"], merged) else None
     path = os.path.join(p["run_dir"], "summary.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    # status, stop, collect and a following `logs` may write at once: merge under a lock.
+    with open(os.path.join(p["run_dir"], ".summary.lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                previous = json.load(handle).get("hosts") or {}
+        except (OSError, ValueError):
+            previous = {}
+        summary = summarize(p["run_dir"], p["plan"], p["results"], p["marks"], previous)
+        merged = os.path.join(p["run_dir"], "merged.log")
+        summary["merged_log"] = merged if merge_logs(p["run_dir"], p["plan"], merged) else None
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=2, sort_keys=True)
+        os.replace(tmp, path)
     module.exit_json(changed=True, summary=summary, table=table(summary), path=path)
 
 

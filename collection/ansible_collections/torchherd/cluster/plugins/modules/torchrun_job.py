@@ -208,6 +208,11 @@ started_at:
   returned: when the job started
   type: float
   sample: 1763700000.5
+checked_at:
+  description: Unix time (the node's clock) this state was read; of two reports on one node, the later one wins.
+  returned: except when O(state=started)
+  type: float
+  sample: 1763700011.0
 ended_at:
   description: Unix time the job ended on this node.
   returned: when the job ended
@@ -367,7 +372,8 @@ def report(module, paths, changed=False, **extra):
     module.exit_json(changed=changed, job_state=state["state"], pid=state["pid"],
                      exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
                      last_line=_last_line(paths["log"]), meta=meta,
-                     started_at=meta.get("started_at"), ended_at=meta.get("ended_at"), **extra)
+                     started_at=meta.get("started_at"), ended_at=meta.get("ended_at"),
+                     checked_at=time.time(), **extra)
 
 
 def wait(module, paths, timeout):
