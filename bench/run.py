@@ -1,0 +1,495 @@
+"""Launch latency and controller cost: bare ssh loop, pdsh, torchherd launch and relaunch.
+
+    .venv/bin/python bench/run.py [--sizes 2,4,8,16] [--reps 3] [--reps-big 1] [--watch-nodes 8]
+
+Builds one podman container cluster per size (tests/cluster/testbed.py), one at a time, and
+measures side by side, alternating a, b, c, d, a, b, c, d, ...:
+
+  a  ssh loop: one `ssh node torchrun --node_rank=i ...` per node in parallel (the
+     launch_all_nodes.sh way); the code is copied to the nodes beforehand, untimed
+  b  pdsh -R ssh: one command; a remote wrapper maps the node's own address to its rank
+  c  torchherd launch (driver.launch, blocking), in a child process
+  d  torchherd relaunch right after c, code unchanged, new run id
+
+all on examples/allreduce.py with nproc_per_node 1. Per run: seconds from launch start to
+every rank initialised (max of the "torchherd-init ... t=" stamps), to done, and the
+controller's CPU-seconds (RUSAGE_CHILDREN delta of the launching process tree, plus the
+ssh ControlPersist masters Ansible leaves behind, which are not our children).
+Then the watch cost: a watched --sleep job, CPU of the driver tree over a fixed window.
+
+Writes docs/benchmark.md, docs/benchmark.png and bench/results/*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster import testbed  # noqa: E402
+
+PY = sys.executable
+INIT_RE = re.compile(r"torchherd-init .*?t=(\d+\.\d+)")
+# Ansible's ssh multiplexing masters live in here (set for the child), so that we can find
+# and charge them: after ControlPersist forks them off they are nobody's children.
+CP_DIR = Path(tempfile.gettempdir()) / "thbench-cp"
+METHODS = {"a": "ssh loop", "b": "pdsh", "c": "torchherd launch", "d": "torchherd relaunch"}
+# e, f: c and d again with --alt-env on top (an A/B of a change, side by side).
+ALT_METHODS = {"e": "launch (alt)", "f": "relaunch (alt)"}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(ppid, utime+stime+cutime+cstime seconds) of a live process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return int(fields[1]), sum(int(f) for f in fields[11:15]) / TICK
+
+
+def mux_cpu() -> dict[int, float]:
+    """CPU seconds of every live ssh ControlPersist master under CP_DIR, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(CP_DIR) in cmd and "[mux]" in cmd:
+            st = _stat(int(entry.name))
+            if st:
+                found[int(entry.name)] = st[1]
+    return found
+
+
+def mux_delta(before: dict[int, float]) -> float:
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in mux_cpu().items())
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of a live process and all its live descendants (incl. reaped children)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st:
+                table[int(entry.name)] = st
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            total += table[pid][1]
+            todo += [p for p, (pp, _) in table.items() if pp == pid]
+    return total
+
+
+def ssh_base(cluster: testbed.Cluster) -> list[str]:
+    return ["ssh", "-i", str(cluster.key), *testbed.SSH_OPTIONS, "-o", "ConnectTimeout=10"]
+
+
+def torchrun_cmd(cluster: testbed.Cluster, port: int, rank: str) -> str:
+    n = len(cluster.nodes)
+    return (f"cd /root/bench && exec python3 -m torch.distributed.run --nnodes={n} "
+            f"--nproc_per_node=1 --node_rank={rank} --master_addr={cluster.nodes[0].ip} "
+            f"--master_port={port} allreduce.py")
+
+
+def init_time(text: str) -> float | None:
+    stamps = [float(t) for t in INIT_RE.findall(text)]
+    return max(stamps) if stamps else None
+
+
+def measure_shell(method: str, cluster: testbed.Cluster, port: int) -> dict:
+    n = len(cluster.nodes)
+    cpu0 = children_cpu()
+    t0 = time.time()
+    if method == "a":
+        procs = [subprocess.Popen([*ssh_base(cluster), f"root@{node.ip}",
+                                   torchrun_cmd(cluster, port, str(i))],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, text=True)
+                 for i, node in enumerate(cluster.nodes)]
+        outs = [p.communicate()[0] for p in procs]
+        rcs = [p.returncode for p in procs]
+    else:
+        ips = " ".join(node.ip for node in cluster.nodes)
+        # pdsh runs one command everywhere: the node finds its own address in the ordered list.
+        wrapper = (f"r=0; for h in {ips}; do hostname -I | tr ' ' '\\n' | grep -qx $h && break; "
+                   f"r=$((r+1)); done; " + torchrun_cmd(cluster, port, "$r"))
+        env = {**os.environ, "PDSH_RCMD_TYPE": "ssh",
+               "PDSH_SSH_ARGS_APPEND": shlex.join(ssh_base(cluster)[1:])}
+        proc = subprocess.run(["pdsh", "-R", "ssh", "-f", "64", "-l", "root", "-w",
+                               ",".join(node.ip for node in cluster.nodes), wrapper],
+                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+        outs, rcs = [proc.stdout + proc.stderr], [proc.returncode]
+    done = time.time() - t0
+    cpu = children_cpu() - cpu0
+    text = "\n".join(outs)
+    init = init_time(text)
+    ok = all(rc == 0 for rc in rcs) and text.count("torchherd-allreduce ok") == n
+    if not ok:
+        log(f"{method} failed: rcs={rcs}\n{text[-2000:]}")
+    return {"method": method, "ok": ok, "init_s": init - t0 if init else None,
+            "done_s": done, "cpu_s": cpu}
+
+
+def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
+                      extra_env: dict[str, str]) -> dict:
+    events = work / f"events-{method}-{time.time():.0f}.jsonl"
+    job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1}
+    env = {**os.environ, **extra_env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(CP_DIR)}
+    before = mux_cpu()
+    cpu0 = children_cpu()
+    t0 = time.time()
+    proc = subprocess.run([PY, __file__, "_launch", json.dumps(job), str(cluster.inventory),
+                           str(work / "runs"), str(events)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    done = time.time() - t0
+    cpu = children_cpu() - cpu0
+    mux = mux_delta(before)
+    try:
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        log(f"{method} child failed rc={proc.returncode}: {proc.stderr[-3000:]}")
+        return {"method": method, "ok": False, "done_s": done, "cpu_s": cpu + mux}
+    run_dir = work / "runs" / res["run_id"]
+    text = "\n".join(p.read_text(errors="replace") for p in run_dir.glob("nodes/*/node.log"))
+    init = init_time(text)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ok = res["exit_code"] == 0 and text.count("torchherd-allreduce ok") == len(cluster.nodes)
+    if not ok:
+        log(f"{method} failed: {res}")
+    return {"method": method, "ok": ok, "init_s": init - t0 if init else None,
+            "done_s": done, "cpu_s": cpu + mux, "cpu_mux_s": mux, "run_id": res["run_id"],
+            "timings": summary.get("timings"), "tasks": task_times(events)}
+
+
+def task_times(events: Path) -> list[list]:
+    """[task, seconds] from playbook_on_task_start to the next task start (or the end)."""
+    starts: list[tuple[float, str]] = []
+    end = None
+    for line in events.read_text().splitlines():
+        ev = json.loads(line)
+        if ev["event"] in ("playbook_on_task_start", "playbook_on_play_start"):
+            starts.append((ev["t"], ("play: " if ev["event"] == "playbook_on_play_start" else "")
+                           + ev["name"]))
+        end = ev["t"]
+    out = []
+    for (t, name), nxt in zip(starts, [*starts[1:], (end, "")], strict=True):
+        out.append([name, round(nxt[0] - t, 3)])
+    return out
+
+
+def child_launch(job_json: str, inventory: str, runs_dir: str, events: str) -> int:
+    """In the child: one blocking driver.launch, events to a file, the result on stdout."""
+    from datetime import datetime
+
+    from driver import api
+    out = open(events, "w")  # noqa: SIM115 - written by the callback, closed below
+
+    def on_event(ev: dict) -> None:
+        kind = ev.get("event", "")
+        if not kind.startswith("playbook_on_") and kind not in ("runner_on_ok",):
+            return
+        data = ev.get("event_data", {})
+        stamp = datetime.fromisoformat(ev["created"]).timestamp() if ev.get("created") else 0
+        name = data.get("task") or data.get("play") or ""
+        out.write(json.dumps({"t": stamp, "event": kind, "name": name}) + "\n")
+
+    result = api.launch(json.loads(job_json), inventory, runs_dir=runs_dir, on_event=on_event)
+    out.close()
+    print(json.dumps({"run_id": result.run_id, "exit_code": int(result.exit_code)}))
+    return 0
+
+
+def measure_watch(cluster: testbed.Cluster, work: Path, window: float, sleep: float,
+                  extra_env: dict[str, str], interval: int | None = None) -> dict:
+    """A watched job of `sleep` seconds: CPU of the driver tree over `window` seconds."""
+    events = work / f"events-watch-{interval}.jsonl"
+    job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1,
+           "args": ["--sleep", str(sleep)]}
+    if interval:
+        job["watch_interval"] = interval
+    env = {**os.environ, **extra_env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(CP_DIR)}
+    proc = subprocess.Popen([PY, __file__, "_launch", json.dumps(job), str(cluster.inventory),
+                             str(work / "runs"), str(events)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT)
+    while True:  # wait for the watch play
+        time.sleep(0.5)
+        if events.exists() and '"Watch"' in events.read_text():
+            break
+        if proc.poll() is not None:
+            raise RuntimeError(f"watch launch ended early: {proc.stderr.read()[-2000:]}")
+    time.sleep(5)  # let the first watch round begin
+    before_mux = mux_cpu()
+    c0, t0 = tree_cpu(proc.pid), time.monotonic()
+    time.sleep(window)
+    c1, t1 = tree_cpu(proc.pid), time.monotonic()
+    mux = mux_delta(before_mux)
+    proc.communicate()
+    cpu = c1 - c0 + mux
+    n = len(cluster.nodes)
+    return {"nodes": n, "watch_interval": interval or 5, "window_s": t1 - t0, "cpu_s": cpu,
+            "cpu_mux_s": mux, "cpu_per_node_hour": cpu / (t1 - t0) * 3600 / n}
+
+
+def machine() -> dict:
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return {"nproc": os.cpu_count(), "cpu": model, "loadavg": os.getloadavg(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                       time.gmtime())}
+
+
+def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, str],
+             watch: dict | None, alt_env: dict[str, str] | None = None) -> dict:
+    name = f"bench{n}"
+    log(f"up {name} ({n} nodes)")
+    cluster = testbed.up(name, n)
+    results: list[dict] = []
+    watch_res = []
+    try:
+        for node in cluster.nodes:  # a and b expect the code on the nodes already
+            subprocess.run([*ssh_base(cluster), f"root@{node.ip}", "mkdir -p /root/bench"],
+                           check=True)
+            subprocess.run(["scp", "-q", "-i", str(cluster.key), *testbed.SSH_OPTIONS,
+                            str(work / "code" / "allreduce.py"),
+                            f"root@{node.ip}:/root/bench/"], check=True)
+        port = 29600
+        for rep in range(reps):
+            for m in methods:
+                port += 1
+                if m in "ab":
+                    r = measure_shell(m, cluster, port)
+                elif m in ALT_METHODS:
+                    r = measure_torchherd(m, cluster, work, {**extra_env, **(alt_env or {})})
+                else:
+                    r = measure_torchherd(m, cluster, work, extra_env)
+                r.update(nodes=n, rep=rep)
+                results.append(r)
+                log(f"n={n} rep={rep} {m}: init {r.get('init_s') or 0:.2f} s done "
+                    f"{r['done_s']:.2f} s cpu {r['cpu_s']:.2f} s ok={r['ok']}")
+        for interval in (watch or {}).get("intervals", []):
+            w = measure_watch(cluster, work, watch["window"], watch["sleep"], extra_env,
+                              interval)
+            watch_res.append(w)
+            log(f"watch: {w}")
+    finally:
+        testbed.down(name)
+    return {"nodes": n, "runs": results, "watch": watch_res}
+
+
+def med(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(sizes: list[dict]) -> list[dict]:
+    rows = []
+    for s in sizes:
+        n, row = s["nodes"], {"nodes": s["nodes"]}
+        for m in METHODS:
+            runs = [r for r in s["runs"] if r["method"] == m and r["ok"]]
+            row[m] = {"n": len(runs), "init_s": med([r.get("init_s") for r in runs]),
+                      "done_s": med([r["done_s"] for r in runs]),
+                      "cpu_s": med([r["cpu_s"] for r in runs])}
+            if row[m]["cpu_s"] is not None:
+                row[m]["cpu_per_node"] = row[m]["cpu_s"] / n
+        rows.append(row)
+    return rows
+
+
+def fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def write_markdown(path: Path, info: dict, rows: list[dict], sizes: list[dict],
+                   note: str) -> None:
+    lines = [
+        "# Benchmark: launch latency and controller cost",
+        "",
+        "Generated by `bench/run.py` (see bench/README.md). " + note,
+        "",
+        f"Machine: {info['nproc']} CPUs ({info['cpu']}), load average at start "
+        f"{' '.join(f'{x:.2f}' for x in info['loadavg'])}, {info['date']}. Nodes are podman "
+        "containers on this same machine, reached over real SSH; they share its CPUs, so the "
+        "floor (torch import and init on every node) grows with the node count.",
+        "",
+        "allreduce.py, one process per node. Medians; seconds from launch start. "
+        "a = parallel ssh loop, b = pdsh, c = torchherd launch, d = torchherd relaunch "
+        "(code unchanged). CPU = controller CPU-seconds of the launching process tree.",
+        "",
+        "| nodes | reps | init a/b/c/d | done a | done b | done c | done d | c/b | d/b "
+        "| c-b (s) | d-b (s) | CPU/node b | CPU/node c | CPU/node d |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        b = row["b"]["done_s"]
+        c, d = row["c"]["done_s"], row["d"]["done_s"]
+        inits = "/".join(fmt(row[m]["init_s"], ".1f") for m in METHODS)
+        lines.append(
+            f"| {row['nodes']} | {row['c']['n']} | {inits} | {fmt(row['a']['done_s'])} "
+            f"| {fmt(b)} | {fmt(c)} | {fmt(d)} | {fmt(c / b if c and b else None)} "
+            f"| {fmt(d / b if d and b else None)} "
+            f"| {fmt(c - b if c and b else None)} | {fmt(d - b if d and b else None)} "
+            f"| {fmt(row['b'].get('cpu_per_node'), '.3f')} "
+            f"| {fmt(row['c'].get('cpu_per_node'), '.3f')} "
+            f"| {fmt(row['d'].get('cpu_per_node'), '.3f')} |")
+    watches = [w for s in sizes for w in s.get("watch") or []]
+    for w in watches:
+        lines += ["", f"Watching a running job ({w['nodes']} nodes, watch_interval "
+                  f"{w['watch_interval']} s, "
+                  f"{w['window_s']:.0f} s window): {w['cpu_s']:.2f} CPU-s "
+                  f"(of which ssh multiplexers {w['cpu_mux_s']:.2f}) = "
+                  f"**{w['cpu_per_node_hour']:.1f} CPU-s per node per hour**. "
+                  "A detached job costs the controller nothing after the launch."]
+    # profile at the largest size with c runs
+    prof = [s for s in sizes if any(r["method"] == "c" and r["ok"] for r in s["runs"])]
+    if prof:
+        s = next((x for x in prof if x["nodes"] == 8), prof[-1])
+        for m in "cd":
+            runs = [r for r in s["runs"] if r["method"] == m and r["ok"]]
+            if not runs:
+                continue
+            lines += ["", f"## Profile of {METHODS[m]} at {s['nodes']} nodes (median of "
+                      f"{len(runs)})", "", "Phase timings (summary.json):", "",
+                      "| phase | s |", "|---|---|"]
+            order = ["plan", "preflight", "sync", "firewall", "start", "watch", "collect",
+                     "total"]
+            phases = sorted((runs[0].get("timings") or {}).keys(),
+                            key=lambda k: order.index(k) if k in order else len(order))
+            for ph in phases:
+                vals = [r["timings"].get(ph) for r in runs if r.get("timings")]
+                vals = [v for v in vals if isinstance(v, (int, float))]
+                lines.append(f"| {ph} | {fmt(med(vals))} |")
+            lines += ["", "Per task (start to next task start, ansible-runner events):", "",
+                      "| task | s |", "|---|---|"]
+            names = [t[0] for t in runs[0]["tasks"]]
+            for i, name in enumerate(names):
+                vals = [r["tasks"][i][1] for r in runs
+                        if len(r["tasks"]) > i and r["tasks"][i][0] == name]
+                lines.append(f"| {name} | {fmt(med(vals))} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(path: Path, rows: list[dict]) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        subprocess.run([PY, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = [r["nodes"] for r in rows]
+    for m, label in METHODS.items():
+        ax1.plot(xs, [r[m]["done_s"] for r in rows], marker="o", label=f"{m}: {label}")
+        ax2.plot(xs, [r[m].get("cpu_per_node") for r in rows], marker="o", label=label)
+    ax1.set(xlabel="nodes", ylabel="seconds to done (median)", title="Launch to done")
+    ax2.set(xlabel="nodes", ylabel="controller CPU-s per node", title="Controller cost")
+    ax2.axhline(0.5, color="grey", ls="--", lw=0.8)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "_launch":
+        return child_launch(*sys.argv[2:6])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="2,4,8,16")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps-big", type=int, default=1, help="repetitions at 16 nodes and more")
+    p.add_argument("--methods", default="abcd")
+    p.add_argument("--watch-nodes", type=int, default=8, help="0: skip the watch measurement")
+    p.add_argument("--watch-window", type=float, default=45.0)
+    p.add_argument("--watch-sleep", type=float, default=65.0)
+    p.add_argument("--watch-intervals", default="0,60",
+                   help="watch_interval values to measure; 0 is the job's default (5)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="extra environment for torchherd (e.g. ANSIBLE_CONFIG=...)")
+    p.add_argument("--alt-env", action="append", default=[], metavar="K=V",
+                   help="environment of methods e, f (e.g. TORCHHERD_COLLECTIONS_PATH=...)")
+    p.add_argument("--tag", default="", help="results file suffix; docs only when empty")
+    p.add_argument("--note", default="")
+    p.add_argument("--from", dest="from_json", metavar="RESULTS",
+                   help="only write the docs from an earlier bench/results/*.json")
+    args = p.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        rows = summarize(saved["sizes"])
+        write_markdown(ROOT / "docs" / "benchmark.md", saved["machine"], rows, saved["sizes"],
+                       args.note)
+        write_plot(ROOT / "docs" / "benchmark.png", rows)
+        print(json.dumps(rows, indent=1))
+        return 0
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
+    alt_env = dict(kv.split("=", 1) for kv in args.alt_env)
+    if not shutil.which("pdsh") and "b" in args.methods:
+        raise SystemExit("pdsh not found: apt-get install -y pdsh")
+    info = machine()
+    log(f"machine: {info}")
+    work = Path(tempfile.mkdtemp(prefix="thbench-"))
+    (work / "code").mkdir()
+    shutil.copy(ROOT / "examples" / "allreduce.py", work / "code" / "allreduce.py")
+    CP_DIR.mkdir(exist_ok=True)
+    sizes = []
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in [int(x) for x in args.sizes.split(",")]:
+        reps = args.reps if n < 16 else args.reps_big
+        watch = {"window": args.watch_window, "sleep": args.watch_sleep,
+                 "intervals": [int(x) for x in args.watch_intervals.split(",")]
+                 } if n == args.watch_nodes else None
+        sizes.append(run_size(n, reps, work, args.methods, extra_env, watch, alt_env))
+        (out_dir / f"{stamp}{args.tag}.json").write_text(
+            json.dumps({"machine": info, "env": extra_env, "alt_env": alt_env, "sizes": sizes},
+                       indent=1))
+    rows = summarize(sizes)
+    if not args.tag:
+        write_markdown(ROOT / "docs" / "benchmark.md", info, rows, sizes, args.note)
+        write_plot(ROOT / "docs" / "benchmark.png", rows)
+    print(json.dumps(rows, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
