@@ -90,6 +90,10 @@ from ansible.module_utils.basic import AnsibleModule
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _BAD = ("failed", "lost", "timed_out")
+# What a rank raises when a peer died first: a consequence, not the root cause.
+_SECONDARY = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|"
+                        r"SignalException|NCCL communicator was aborted|Timed out|timeout|"
+                        r"Socket Timeout|ProcessGroupGloo|DistBackendError|DistNetworkError")
 # torch prefixes every line a rank writes to stderr with "[rankN]:"; torchrun's --tee, "[defaultN]:".
 _PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+", re.MULTILINE)
 
@@ -223,6 +227,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
         # A lost node is the root cause (its peers fail because of it); otherwise the node
         # that failed first; the rest were stopped after it.
         name, h = min(bad, key=lambda item: (item[0] not in lost,
+                                             bool(_SECONDARY.search(item[1]["exception"] or "")),
                                              item[1]["ended_at"] or float("inf")))
         if h["state"] in ("lost", "unreachable"):
             reason = f"node {name} (node_rank {h['node_rank']}) was lost: {h['error'] or 'unreachable'}"

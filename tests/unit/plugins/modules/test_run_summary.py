@@ -1,0 +1,76 @@
+"""summary.json logic: root cause, elastic success, per-host merge, failure parsing."""
+
+from ansible_collections.torchherd.cluster.plugins.modules.run_summary import (
+    failure_of,
+    newer,
+    summarize,
+)
+
+
+def plan(rdzv="static", nnodes="3"):
+    return {"run_id": "r", "nnodes": nnodes, "job": {"rdzv": rdzv},
+            "nodes": [{"host": f"n{i}", "address": f"10.0.0.{i}", "node_rank": i}
+                      for i in range(3)]}
+
+
+def write_stderr(tmp_path, host, local_rank, text):
+    d = tmp_path / "nodes" / host / "torchrun" / "x" / "attempt_0" / str(local_rank)
+    d.mkdir(parents=True)
+    (d / "stderr.log").write_text(text)
+
+
+def test_root_cause_is_the_real_exception_not_the_peers_connection_errors(tmp_path):
+    write_stderr(tmp_path, "n0", 0, "[rank0]: Traceback (most recent call last):\n"
+                 "[rank0]:   File \"t.py\", line 1\n"
+                 "[rank0]: RuntimeError: Connection closed by peer [10.0.0.1]:5\n")
+    write_stderr(tmp_path, "n1", 1, "[rank3]: Traceback (most recent call last):\n"
+                 "[rank3]:   File \"t.py\", line 9\n[rank3]: ValueError: bad batch\n")
+    for host, rank, local in (("n0", 0, 0), ("n1", 3, 1)):
+        (tmp_path / "nodes" / host / "node.log").write_text(
+            f"Root Cause (first observed failure):\n  rank      : {rank} (local_rank: {local})\n")
+    results = {"n0": {"job_state": "failed", "exit_code": 1, "ended_at": 10.0},
+               "n1": {"job_state": "failed", "exit_code": 1, "ended_at": 11.0},
+               "n2": {"job_state": "stopped", "exit_code": -15, "ended_at": 12.0}}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["state"] == "failed"
+    assert s["reason"] == "node n1 (node_rank 1) rank 3: ValueError: bad batch"
+    assert s["hosts"]["n1"]["failing_rank"] == 3
+
+
+def test_lost_node_is_the_root_cause(tmp_path):
+    results = {"n0": {"job_state": "failed", "exit_code": 1, "ended_at": 5.0},
+               "n1": {"job_state": "running", "unreachable": True,
+                      "error": "ssh: connect to host: No route to host"},
+               "n2": {"job_state": "stopped", "exit_code": -15}}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["hosts"]["n1"]["state"] == "lost"
+    assert s["reason"].startswith("node n1 (node_rank 1) was lost")
+
+
+def test_elastic_run_that_lost_a_node_but_finished_succeeds(tmp_path):
+    results = {"n0": {"job_state": "succeeded", "exit_code": 0},
+               "n1": {"job_state": "succeeded", "exit_code": 0},
+               "n2": {"unreachable": True}}
+    s = summarize(str(tmp_path), plan("c10d", "2:3"), results, {})
+    assert s["state"] == "succeeded" and "n2" in s["reason"]
+    # Below the minimum it is a failure.
+    results["n1"] = {"unreachable": True}
+    assert summarize(str(tmp_path), plan("c10d", "3:3"), results, {})["state"] == "failed"
+
+
+def test_a_later_report_wins_per_host():
+    stopped = {"state": "stopped", "checked_at": 20.0}
+    stale = {"state": "running", "checked_at": 10.0}
+    assert newer(stopped, stale) is stopped
+    assert newer(stale, stopped) is stopped
+    assert newer(None, stale) is stale
+
+
+def test_error_file_gives_the_exception(tmp_path):
+    d = tmp_path / "torchrun" / "x" / "attempt_0" / "1"
+    d.mkdir(parents=True)
+    (d / "error.json").write_text('{"message": {"message": "KeyError: \'lr\'", '
+                                  '"extraInfo": {"py_callstack": "Traceback ..."}}}')
+    found = failure_of(str(tmp_path))
+    assert found["exception"] == "KeyError: 'lr'" and found["local_rank"] == 1
+    assert found["traceback"] == "Traceback ..."
