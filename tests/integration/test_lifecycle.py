@@ -159,7 +159,9 @@ def test_killed_node_is_named_and_the_rest_stop(make_cluster, tmp_path):
 def test_elastic_job_survives_a_lost_node(make_cluster, tmp_path):
     cluster = make_cluster("lcelastic", 3)
     outcome = {}
-    spec = job("allreduce.py", "--sleep", "12", "--pg-timeout", "8", run_id="elastic",
+    # The process-group timeout is how long the survivors' barrier waits for the dead node,
+    # and also how long re-connecting after the restart may take on a loaded machine.
+    spec = job("allreduce.py", "--sleep", "12", "--pg-timeout", "20", run_id="elastic",
                rdzv="c10d", nnodes="2:3", max_restarts=3,
                rdzv_conf={"last_call_timeout": 2})
     runner = threading.Thread(target=lambda: outcome.update(
