@@ -41,7 +41,6 @@ CONTAINERFILE = HERE / "Containerfile"
 BASE_IMAGE = "localhost/torchherd-node-base:latest"
 IMAGE_REPO = "localhost/torchherd-node"
 DEBIAN_SUITE = "bookworm"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # The node's /usr/bin/python3 (bookworm: 3.11) decides which wheels fit, not the host's python.
 NODE_PYTHON_VERSION = "3.11"
 NODE_GLIBC_MINOR = 36
@@ -244,6 +243,23 @@ def _check_torch_wheel(wheelhouse: Path) -> None:
         )
 
 
+def _host_mirror() -> str | None:
+    """The Debian mirror this machine's apt uses (deb822 or one-line sources), if any."""
+    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in sources:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0] == "URIs:" and words[1].rstrip("/").endswith("/debian"):
+                return words[1]
+            if len(words) >= 3 and words[0] == "deb" and words[2].startswith(DEBIAN_SUITE):
+                return words[1]
+    return None
+
+
 def ensure_base_image(*, stream: bool = False) -> None:
     """debootstrap a minimal bookworm and import it: no registry can provide a base image."""
     if image_exists(BASE_IMAGE):
@@ -252,9 +268,11 @@ def ensure_base_image(*, stream: bool = False) -> None:
         raise TestbedError("debootstrap of the base image needs root")
     rootfs = state_dir() / "rootfs"
     shutil.rmtree(rootfs, ignore_errors=True)
-    mirror = os.environ.get("TORCHHERD_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    mirror = os.environ.get("TORCHHERD_DEBIAN_MIRROR") or _host_mirror()
     try:
-        run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs), mirror], stream=stream)
+        # Without a mirror argument debootstrap uses its own default.
+        run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs),
+             *([mirror] if mirror else [])], stream=stream)
         _import_rootfs(rootfs, BASE_IMAGE)
     finally:
         shutil.rmtree(rootfs, ignore_errors=True)
