@@ -159,7 +159,7 @@ def test_killed_node_is_named_and_the_rest_stop(make_cluster, tmp_path):
 @pytest.mark.xfail(strict=False, reason=(
     "on this 2-core machine the survivors' restarted workers often fail gloo's "
     "connectFullMesh to each other (connection refused) until max_restarts runs out; "
-    "passed 3 of 6 runs; open in issue 7"))
+    "passed 2 of 6 runs; open in issue 7"))
 def test_elastic_job_survives_a_lost_node(make_cluster, tmp_path):
     cluster = make_cluster("lcelastic", 3)
     outcome = {}
