@@ -84,7 +84,13 @@ options:
     type: int
     default: 29500
   rdzv:
-    description: C(static) passes O(node_rank); C(c10d) uses elastic rendezvous on the master.
+    description:
+      - C(static) passes O(node_rank); C(c10d) uses elastic rendezvous on the master.
+      - With C(c10d) the job runs with C(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) unless O(env) sets
+        it. With the shared store (torch's default) restarted workers find the previous attempt's
+        keys in it, and gloo connects to the dead workers' addresses ("Connection refused") until
+        the restarts run out; unshared, every rendezvous round gets a fresh store (on a free port
+        of the new rank 0 node, which a C(ports) firewall must allow).
     type: str
     choices: [static, c10d]
     default: static
@@ -336,6 +342,9 @@ def start(module, p, paths):
     # Ansible's own variables must not leak into the job.
     for key in [k for k in env if k.startswith("ANSIBLE_")]:
         del env[key]
+    if p["rdzv"] == "c10d":
+        # A fresh worker store per rendezvous round: see the rdzv option.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({k: str(v) for k, v in p["secret_env"].items()})
     env.update({MARKER: paths["dir"], "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1"})
