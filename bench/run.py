@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from driver.spec import job_options  # noqa: E402
 from tests.cluster import testbed  # noqa: E402
 
 PY = sys.executable
@@ -222,6 +223,7 @@ def child_launch(job_json: str, inventory: str, runs_dir: str, events: str) -> i
         stamp = datetime.fromisoformat(ev["created"]).timestamp() if ev.get("created") else 0
         name = data.get("task") or data.get("play") or ""
         out.write(json.dumps({"t": stamp, "event": kind, "name": name}) + "\n")
+        out.flush()  # the parent waits for the watch play in this file
 
     result = api.launch(json.loads(job_json), inventory, runs_dir=runs_dir, on_event=on_event)
     out.close()
@@ -254,10 +256,14 @@ def measure_watch(cluster: testbed.Cluster, work: Path, window: float, sleep: fl
     time.sleep(window)
     c1, t1 = tree_cpu(proc.pid), time.monotonic()
     mux = mux_delta(before_mux)
+    if proc.poll() is not None:
+        raise RuntimeError("the watched launch ended inside the measuring window: "
+                           "raise --watch-sleep above the window")
     proc.communicate()
     cpu = c1 - c0 + mux
     n = len(cluster.nodes)
-    return {"nodes": n, "watch_interval": interval or 5, "window_s": t1 - t0, "cpu_s": cpu,
+    default = job_options()["watch_interval"]["default"]
+    return {"nodes": n, "watch_interval": interval or default, "window_s": t1 - t0, "cpu_s": cpu,
             "cpu_mux_s": mux, "cpu_per_node_hour": cpu / (t1 - t0) * 3600 / n}
 
 
@@ -438,10 +444,10 @@ def main() -> int:
     p.add_argument("--reps-big", type=int, default=1, help="repetitions at 16 nodes and more")
     p.add_argument("--methods", default="abcd")
     p.add_argument("--watch-nodes", type=int, default=8, help="0: skip the watch measurement")
-    p.add_argument("--watch-window", type=float, default=45.0)
-    p.add_argument("--watch-sleep", type=float, default=65.0)
-    p.add_argument("--watch-intervals", default="0,60",
-                   help="watch_interval values to measure; 0 is the job's default (5)")
+    p.add_argument("--watch-window", type=float, default=120.0)
+    p.add_argument("--watch-sleep", type=float, default=170.0)
+    p.add_argument("--watch-intervals", default="0",
+                   help="watch_interval values to measure; 0 is the job's default")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="extra environment for torchherd (e.g. ANSIBLE_CONFIG=...)")
     p.add_argument("--alt-env", action="append", default=[], metavar="K=V",

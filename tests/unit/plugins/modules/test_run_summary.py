@@ -1,6 +1,6 @@
 """summary.json logic: root cause, elastic success, per-host merge, failure parsing."""
 
-from ansible_collections.torchherd.cluster.plugins.modules.run_summary import (
+from ansible_collections.torchherd.cluster.plugins.module_utils._summary import (
     failure_of,
     newer,
     summarize,

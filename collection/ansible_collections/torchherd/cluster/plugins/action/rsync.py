@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -25,6 +27,18 @@ _ARGS = {
     "files": {"type": "list", "elements": "str", "default": []},
     "expect_hash": {"type": "str", "default": ""},
 }
+
+
+@functools.lru_cache(maxsize=1)
+def _local_mkpath():
+    """Whether the controller's rsync knows --mkpath (3.2.3 and later)."""
+    try:
+        out = subprocess.run(["rsync", "--version"], capture_output=True, text=True,
+                             check=False).stdout
+    except OSError:
+        return False
+    found = re.search(r"version\s+(\d+)\.(\d+)\.(\d+)", out)
+    return bool(found) and tuple(int(x) for x in found.groups()) >= (3, 2, 3)
 
 
 class ActionModule(ActionBase):
@@ -50,6 +64,20 @@ class ActionModule(ActionBase):
         if ":" in host:
             host = f"[{host}]"
         return f"{host}:{path}", shlex.join(ssh)
+
+    def _push(self, argv, dest):
+        """rsync creates only the last component of the destination. Try without a round trip
+        first: --mkpath makes the parents (rsync 3.2.3 and later on both ends), and a relaunch
+        finds them there anyway; only when that fails, make them over SSH and try again."""
+        first = argv[:-2] + ["--mkpath"] + argv[-2:] if _local_mkpath() else argv
+        proc = subprocess.run(first, capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            return proc
+        mk = self._low_level_execute_command(shlex.join(["mkdir", "-p", dest]))
+        if mk["rc"] != 0:
+            raise AnsibleActionFail(f"cannot create {dest} on the node: "
+                                    f"{mk['stderr'].strip() or mk['stdout'].strip()}")
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -89,15 +117,11 @@ class ActionModule(ActionBase):
         argv += [src, dest]
         if args["direction"] == "push" and not ssh:
             os.makedirs(dest, exist_ok=True)
-        elif args["direction"] == "push":
-            # rsync creates only the last path component; make the parents first.
-            mk = self._low_level_execute_command(shlex.join(["mkdir", "-p", args["dest"]]))
-            if mk["rc"] != 0:
-                raise AnsibleActionFail(f"cannot create {args['dest']} on the node: "
-                                        f"{mk['stderr'].strip() or mk['stdout'].strip()}")
-
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if args["direction"] == "push" and ssh:
+                proc = self._push(argv, args["dest"])
+            else:
+                proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         finally:
             if listing:
                 os.unlink(listing.name)

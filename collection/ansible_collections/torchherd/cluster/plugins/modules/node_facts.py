@@ -42,6 +42,17 @@ options:
     description: Seconds allowed for importing torch in the job interpreter.
     type: float
     default: 60
+  cache_seconds:
+    description:
+      - Reuse the last successful torch probe of this interpreter for this long; 0 probes every time.
+      - Importing torch costs seconds of CPU on every node and launch. The cached answer is used
+        only while everything it depends on is unchanged - the interpreter, the torch install
+        (its files' times), C(LD_LIBRARY_PATH), C(CUDA_VISIBLE_DEVICES), the NVIDIA driver
+        version and the GPUs the driver lists (model, UUID, bus) - so a reinstall, a driver update
+        or a GPU gone missing probes again.
+      - Stored in C(<root>/.torch-probe.json).
+    type: int
+    default: 0
 """
 
 EXAMPLES = r"""
@@ -75,6 +86,7 @@ torch:
   type: dict
   sample:
     version: 2.13.0+cpu
+    cached: false
     cuda: null
     cuda_available: false
     gpu_count: 0
@@ -115,12 +127,14 @@ running_jobs:
   sample: {}
 """
 
+import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -152,6 +166,87 @@ except Exception as exc:
 out["torch"] = t
 print(json.dumps(out))
 """
+
+
+# What the answer of TORCH_PROBE depends on, read without importing torch (~20 ms).
+FINGERPRINT = r"""
+import importlib.util, json, os, sys
+spec = importlib.util.find_spec("torch")
+files = []
+if spec and spec.origin:
+    top = os.path.dirname(spec.origin)
+    for name in ("__init__.py", "version.py", os.path.join("lib", "libtorch_python.so")):
+        try:
+            st = os.stat(os.path.join(top, name))
+            files.append([name, st.st_mtime_ns, st.st_size, st.st_ino])
+        except OSError:
+            files.append([name, None, None, None])
+print(json.dumps([os.path.realpath(sys.executable), sys.version, spec.origin if spec else None,
+                  files]))
+"""
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def fingerprint(python, timeout):
+    """Everything the torch probe's answer depends on, or None when it cannot be told."""
+    try:
+        proc = subprocess.run([python, "-c", FINGERPRINT], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        interp = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+    gpus_dir = "/proc/driver/nvidia/gpus"
+    gpus = sorted((bus, _read(os.path.join(gpus_dir, bus, "information")))
+                  for bus in (os.listdir(gpus_dir) if os.path.isdir(gpus_dir) else []))
+    devs = sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
+    return {"probe": hashlib.sha256(TORCH_PROBE.encode()).hexdigest(), "interpreter": interp,
+            "env": [os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
+                                                "CUDA_HOME", "NCCL_HOME")],
+            "driver": _read("/proc/driver/nvidia/version"), "gpus": gpus, "devices": devs}
+
+
+def cached_probe(python, timeout, root, max_age):
+    """probe_torch, reusing the last good answer while its fingerprint is unchanged."""
+    key = fingerprint(python, timeout) if max_age > 0 else None
+    if key is None:
+        py, torch = probe_torch(python, timeout)
+        return py, dict(torch, cached=False)
+    # One file per root; a root on a shared file system holds one entry per node.
+    name = f"{socket.gethostname()} {python}"
+    path = os.path.join(root, ".torch-probe.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            entry = json.load(handle)[name]
+        if entry["key"] == key and 0 <= time.time() - entry["at"] <= max_age:
+            return entry["python"], dict(entry["torch"], cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    py, torch = probe_torch(python, timeout)
+    if torch.get("version") and not torch.get("error"):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                entries = json.load(handle)
+            if not isinstance(entries, dict):
+                entries = {}
+        except (OSError, ValueError):
+            entries = {}
+        entries[name] = {"key": key, "at": time.time(), "python": py, "torch": torch}
+        try:
+            os.makedirs(root, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump(entries, handle)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only root only costs the next launch another probe
+    return py, dict(torch, cached=False)
 
 
 def probe_torch(python, timeout):
@@ -223,13 +318,14 @@ def main():
             root=dict(type="path", required=True),
             port=dict(type="int", default=0),
             probe_timeout=dict(type="float", default=60),
+            cache_seconds=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )
     p = module.params
     python = p["python"] or sys.executable
-    py, torch = probe_torch(python, p["probe_timeout"])
     root = os.path.abspath(p["root"])
+    py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"])
     module.exit_json(
         changed=False,
         hostname=socket.gethostname(),

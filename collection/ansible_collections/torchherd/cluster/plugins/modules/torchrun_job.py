@@ -233,6 +233,7 @@ meta:
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -385,12 +386,38 @@ def report(module, paths, changed=False, **extra):
                      checked_at=time.time(), **extra)
 
 
+def _sleep_until_gone(paths, seconds):
+    """Sleep until torchrun (or its wrapper) exits, or for `seconds`.
+
+    A pidfd turns readable when the process exits, so a job watched for days costs the node
+    nothing; without one (Python 3.8, kernels before 5.3), or once the process is gone and the
+    supervisor is still writing the exit code, this sleeps a fraction of a second."""
+    pid, _sep, start = (read_text(paths["pid"]) or "").partition(" ")
+    pidfd_open = getattr(os, "pidfd_open", None)
+    fd = None
+    if pid.isdigit() and pidfd_open is not None:
+        try:
+            fd = pidfd_open(int(pid))
+        except OSError:
+            fd = None
+    try:
+        # A pid reused by another process since torchrun's start would never tell us anything.
+        if fd is not None and proc_start_time(int(pid)) == start:
+            select.select([fd], [], [], seconds)
+        else:
+            time.sleep(min(seconds, 0.25))
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def wait(module, paths, timeout):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if read_state(paths)["state"] != "running":
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or read_state(paths)["state"] != "running":
             break
-        time.sleep(0.2)
+        _sleep_until_gone(paths, min(left, 30.0))
     report(module, paths)
 
 

@@ -1,0 +1,51 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Action for torchherd.cluster.run_record: the controller's run directory, written in-process."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+_ARGS = {
+    "run_dir": {"type": "path", "required": True},
+    "claim": {"type": "bool", "default": False},
+    "files": {"type": "dict", "default": {}},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self.validate_argument_spec(argument_spec=_ARGS)[1]
+        run_dir = os.path.abspath(os.path.expanduser(args["run_dir"]))
+        marker = os.path.join(run_dir, "plan.json")
+        if args["claim"] and os.path.exists(marker):
+            raise AnsibleActionFail(
+                f"job.run_id: expected a new run id, found run {os.path.basename(run_dir)} "
+                f"already in {os.path.dirname(run_dir)}; a run id names one run: use "
+                "status/stop/collect on it, or launch with another run id (or none, for a "
+                "fresh one)")
+        written = []
+        for name, content in sorted(args["files"].items()):
+            if os.path.isabs(name) or ".." in name.split("/"):
+                raise AnsibleActionFail(f"torchherd.cluster.run_record: file name {name!r} "
+                                        "must be relative to run_dir and stay inside it")
+            written.append(os.path.join(run_dir, name))
+            if self._task.check_mode:
+                continue
+            os.makedirs(os.path.dirname(written[-1]), mode=0o755, exist_ok=True)
+            part = f"{written[-1]}.part.{os.getpid()}"
+            with open(part, "w", encoding="utf-8") as handle:
+                handle.write(content if isinstance(content, str) else str(content))
+            os.chmod(part, 0o644)
+            os.replace(part, written[-1])
+        if not self._task.check_mode:
+            os.makedirs(run_dir, mode=0o755, exist_ok=True)
+        result.update(changed=bool(written) or args["claim"], run_dir=run_dir, files=written)
+        return result

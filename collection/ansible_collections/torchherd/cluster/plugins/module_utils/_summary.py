@@ -1,0 +1,243 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""summary.json and merged.log of a run, from the run directory the collect phase filled.
+
+Used in-process on the controller by the run_summary action (no interpreter to start) and by
+the run_summary module.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import re
+import time
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_BAD = ("failed", "lost", "timed_out")
+# What a rank raises when a peer died first: a consequence, not the root cause.
+_SECONDARY = re.compile(r"Connection closed by peer|Connection reset|Connection refused|"
+                        r"Broken pipe|SignalException|NCCL communicator was aborted|"
+                        r"ncclRemoteError|remote worker|gloo/transport|Gloo connectFullMesh|"
+                        r"Timed out|timed out|timeout|ProcessGroupGloo|DistBackendError|"
+                        r"DistNetworkError")
+# torch prefixes every line a rank writes to stderr with "[rankN]:"; torchrun's --tee, "[defaultN]:".
+_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+", re.MULTILINE)
+
+
+def _read(path, limit=1 << 20):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _traceback(text):
+    """The last traceback in a log and its final exception line."""
+    text = _PREFIX.sub("", text)
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None, None
+    block = text[start:].strip().splitlines()
+    exception = None
+    for line in block[1:]:
+        if line and not line.startswith((" ", "\t")):
+            exception = line.strip()
+            break
+    return "\n".join(block[:200]), exception
+
+
+def failure_of(node_dir):
+    """Failing rank, exception and traceback of one node, from error files, else from logs."""
+    found = {"failing_rank": None, "local_rank": None, "exception": None, "traceback": None}
+    for path in sorted(glob.glob(os.path.join(node_dir, "torchrun", "**", "error.json"),
+                                 recursive=True)):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        message = data.get("message", data)
+        if isinstance(message, dict):
+            extra = message.get("extraInfo") or message.get("extrainfo") or {}
+            found["traceback"] = extra.get("py_callstack")
+            text = str(message.get("message") or "")
+        else:
+            text = str(message)
+        found["exception"] = text.strip().splitlines()[-1] if text.strip() else None
+        local = os.path.basename(os.path.dirname(path))
+        found["local_rank"] = int(local) if local.isdigit() else None
+    node_log = _read(os.path.join(node_dir, "node.log"))
+    marker = node_log.rfind("Root Cause")
+    if marker >= 0:
+        match = _ROOT_CAUSE.search(node_log, marker)
+        if match:
+            found["failing_rank"] = int(match.group(1))
+            found["local_rank"] = int(match.group(2))
+    if found["exception"] is None and found["local_rank"] is not None:
+        logs = sorted(glob.glob(os.path.join(node_dir, "torchrun", "**", "attempt_*",
+                                             str(found["local_rank"]), "stderr.log"),
+                                recursive=True))
+        if logs:
+            found["traceback"], found["exception"] = _traceback(_read(logs[-1]))
+    if found["exception"] is None:
+        found["traceback"], found["exception"] = _traceback(node_log)
+    return found
+
+
+PHASES = ("preflight", "sync", "start", "watch", "collect")
+
+
+def phase_timings(started_at, marks):
+    """Seconds spent in each phase, from the times the phases ended."""
+    timings, last = {}, started_at
+    for phase in PHASES:
+        if phase in marks and last is not None:
+            timings[phase] = round(float(marks[phase]) - float(last), 3)
+            last = marks[phase]
+    if started_at is not None:
+        timings["total"] = round(time.time() - float(started_at), 3)
+    return timings
+
+
+def newer(old, new):
+    """Of two reports on one host, the one read later on that node's clock: a status that
+    looked before a stop must not overwrite the stop's result when it finishes after it."""
+    if old and old.get("checked_at") and (new.get("checked_at") or 0) < old["checked_at"]:
+        return old
+    return new
+
+
+def summarize(run_dir, plan, results, marks, previous=None):
+    previous = previous or {}
+    hosts = {}
+    for node in plan["nodes"]:
+        host = node["host"]
+        res = results.get(host, {})
+        node_dir = os.path.join(run_dir, "nodes", host)
+        state = res.get("job_state") or ("unreachable" if res.get("unreachable") else "unknown")
+        if res.get("unreachable") and state in ("running", "unknown"):
+            state = "lost"
+        entry = {
+            "node_rank": node["node_rank"], "address": node["address"], "state": state,
+            "exit_code": res.get("exit_code"), "unreachable": bool(res.get("unreachable")),
+            "error": res.get("error"), "last_line": res.get("last_line") or "",
+            "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
+            "checked_at": res.get("checked_at"),
+            "log": os.path.join(node_dir, "node.log") if os.path.exists(
+                os.path.join(node_dir, "node.log")) else None,
+            "logs_fetched": bool(res.get("logs_fetched")),
+            "failing_rank": None, "exception": None, "traceback": None,
+        }
+        if state in _BAD:
+            entry.update(failure_of(node_dir))
+        hosts[host] = newer(previous.get(host), entry)
+
+    states = [h["state"] for h in hosts.values()]
+    bad = [(name, h) for name, h in hosts.items() if h["state"] in _BAD + ("unreachable",)]
+    lost = [name for name, h in bad if h["state"] in ("lost", "unreachable")]
+    done = [name for name, h in hosts.items() if h["state"] == "succeeded"]
+    job = plan.get("job") or {}
+    minimum = int(str(plan.get("nnodes") or len(hosts)).split(":", 1)[0])
+    if (job.get("rdzv") == "c10d" and bad and len(lost) == len(bad)
+            and len(done) == len(hosts) - len(lost) and len(done) >= minimum):
+        # Elastic: torchrun re-formed the group without the lost nodes and finished.
+        overall = "succeeded"
+        reason = (f"succeeded on {len(done)} of {len(hosts)} nodes after losing "
+                  f"{', '.join(lost)} (elastic, minimum {minimum})")
+    elif bad:
+        overall = "failed"
+        # A lost node is the root cause (its peers fail because of it); otherwise the node
+        # that failed first; the rest were stopped after it.
+        name, h = min(bad, key=lambda item: (item[0] not in lost,
+                                             bool(_SECONDARY.search(item[1]["exception"] or "")),
+                                             item[1]["ended_at"] or float("inf")))
+        if h["state"] in ("lost", "unreachable"):
+            reason = f"node {name} (node_rank {h['node_rank']}) was lost: {h['error'] or 'unreachable'}"
+        elif h["state"] == "timed_out":
+            reason = f"node {name} (node_rank {h['node_rank']}) hit the job timeout"
+        else:
+            rank = f" rank {h['failing_rank']}" if h["failing_rank"] is not None else ""
+            reason = (f"node {name} (node_rank {h['node_rank']}){rank}: "
+                      f"{h['exception'] or 'exit code ' + str(h['exit_code'])}")
+    elif states and all(s == "succeeded" for s in states):
+        overall, reason = "succeeded", "every node exited 0"
+    elif any(s == "running" for s in states):
+        overall, reason = "running", "the job is running"
+    elif states and all(s in ("stopped", "succeeded") for s in states):
+        overall, reason = "stopped", "the job was stopped"
+    else:
+        overall, reason = "unknown", f"node states: {', '.join(sorted(set(states)))}"
+    return {
+        "run_id": plan.get("run_id"), "state": overall, "reason": reason,
+        "run_dir": os.path.abspath(run_dir), "written_at": time.time(),
+        "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
+        "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
+        "timings": phase_timings(plan.get("started_at"), marks), "hosts": hosts,
+    }
+
+
+_LOCAL = re.compile(r"^\[default(\d+)\]:")
+
+
+def merge_logs(run_dir, plan, out_path):
+    """Every node's log in one file, each line prefixed with its host and global rank."""
+    nproc = plan.get("nproc_per_node")
+    static = (plan.get("job") or {}).get("rdzv", "static") == "static" and isinstance(nproc, int)
+    lines = 0
+    with open(out_path, "w", encoding="utf-8") as out:
+        for node in plan["nodes"]:
+            text = _read(os.path.join(run_dir, "nodes", node["host"], "node.log"), 64 << 20)
+            for line in text.splitlines():
+                match = _LOCAL.match(line)
+                if match:
+                    local = int(match.group(1))
+                    who = (f"r{node['node_rank'] * nproc + local}" if static else f"l{local}")
+                    line = line[match.end():]
+                else:
+                    who = "agent"
+                out.write(f"{node['host']} {who}: {line}\n")
+                lines += 1
+    return lines
+
+
+def table(summary):
+    rows = [["node", "rank", "state", "exit", "logs", "last line / error"]]
+    for name, h in summary["hosts"].items():
+        note = h["exception"] or h["error"] or h["last_line"]
+        rows.append([name, str(h["node_rank"]), h["state"],
+                     "-" if h["exit_code"] is None else str(h["exit_code"]),
+                     "yes" if h["logs_fetched"] else "no", (note or "")[:100]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    lines.append(f"run {summary['run_id']}: {summary['state']} ({summary['reason']})")
+    return "\n".join(lines)
+
+
+def write_summary(run_dir, plan, results, marks):
+    """Write summary.json and merged.log under run_dir; returns (summary, table, path)."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "summary.json")
+    # status, stop, collect and a following `logs` may write at once: merge under a lock.
+    with open(os.path.join(run_dir, ".summary.lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                previous = json.load(handle).get("hosts") or {}
+        except (OSError, ValueError):
+            previous = {}
+        summary = summarize(run_dir, plan, results, marks, previous)
+        merged = os.path.join(run_dir, "merged.log")
+        summary["merged_log"] = merged if merge_logs(run_dir, plan, merged) else None
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    return summary, table(summary), path

@@ -1,0 +1,78 @@
+"""The cached torch probe: reused only while nothing it depends on changed."""
+
+import json
+import sys
+
+import pytest
+
+from ansible_collections.torchherd.cluster.plugins.modules import node_facts
+
+GOOD = ({"path": sys.executable, "version": "3.11.2"},
+        {"version": "2.13.0+cpu", "cuda": None, "error": None})
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    calls = []
+
+    def fake(python, timeout):
+        calls.append(python)
+        return GOOD[0], dict(GOOD[1])
+
+    monkeypatch.setattr(node_facts, "probe_torch", fake)
+    return calls
+
+
+def test_second_probe_comes_from_the_cache(tmp_path, probes):
+    _, first = node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _, second = node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    assert (first["cached"], second["cached"]) == (False, True)
+    assert second["version"] == "2.13.0+cpu"
+    assert len(probes) == 1
+
+
+def test_zero_seconds_probes_every_time_and_writes_nothing(tmp_path, probes):
+    for _ in range(2):
+        assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 0)[1]["cached"] is False
+    assert len(probes) == 2
+    assert not (tmp_path / ".torch-probe.json").exists()
+
+
+@pytest.mark.parametrize("var", ["LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"])
+def test_a_changed_environment_probes_again(tmp_path, probes, monkeypatch, var):
+    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    monkeypatch.setenv(var, "/elsewhere" if var == "LD_LIBRARY_PATH" else "1")
+    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    assert len(probes) == 2
+
+
+def test_a_changed_torch_install_probes_again(tmp_path, probes):
+    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    cache = tmp_path / ".torch-probe.json"
+    entries = json.loads(cache.read_text())
+    # What a reinstall looks like to the fingerprint: other times on torch's files.
+    for entry in entries.values():
+        entry["key"]["interpreter"][3][1][1] += 1
+    cache.write_text(json.dumps(entries))
+    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+
+
+def test_an_expired_or_failed_probe_is_not_reused(tmp_path, probes, monkeypatch):
+    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    cache = tmp_path / ".torch-probe.json"
+    entries = json.loads(cache.read_text())
+    for entry in entries.values():
+        entry["at"] -= 7200
+    cache.write_text(json.dumps(entries))
+    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    cache.unlink()
+    monkeypatch.setattr(node_facts, "probe_torch", lambda python, timeout: (
+        GOOD[0], {"version": None, "error": "ModuleNotFoundError: No module named 'torch'"}))
+    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    assert not cache.exists()
+
+
+def test_a_corrupt_cache_file_is_ignored(tmp_path, probes):
+    (tmp_path / ".torch-probe.json").write_text("{not json")
+    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is True
