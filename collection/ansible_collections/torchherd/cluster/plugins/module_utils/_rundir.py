@@ -22,6 +22,8 @@ def run_paths(root, run_id):
     return {
         "dir": run_dir,
         "pid": os.path.join(run_dir, "pid"),
+        # The supervisor that waits for torchrun and writes exit_code (it has no marker).
+        "supervisor": os.path.join(run_dir, "supervisor"),
         "exit_code": os.path.join(run_dir, "exit_code"),
         "stopped": os.path.join(run_dir, "stopped"),
         "timed_out": os.path.join(run_dir, "timed_out"),
@@ -96,6 +98,12 @@ def all_runs_with_processes():
     return runs
 
 
+def _alive(pid_file):
+    """Whether the process named in a "pid start-time" file still runs (not a reused pid)."""
+    pid, _sep, start = (read_text(pid_file) or "").partition(" ")
+    return pid.isdigit() and proc_start_time(int(pid)) == start
+
+
 def read_state(paths):
     """State of the job on this node: absent, running, succeeded, failed, stopped, timed_out, lost."""
     pid_text = read_text(paths["pid"])
@@ -113,7 +121,8 @@ def read_state(paths):
         else:
             state = "succeeded" if code == 0 else "failed"
         return {"state": state, "pid": pid, "exit_code": code}
-    if proc_start_time(pid) == start or job_pids(paths["dir"]):
+    if proc_start_time(pid) == start or job_pids(paths["dir"]) or _alive(paths["supervisor"]):
+        # Also when torchrun just ended and its supervisor is writing the exit code.
         return {"state": "running", "pid": pid, "exit_code": None}
     # The supervisor died without writing an exit code (node rebooted, OOM killer, kill -9).
     return {"state": "lost", "pid": pid, "exit_code": None}

@@ -290,6 +290,7 @@ def _last_line(path):
 def _supervise(argv, env, cwd, paths, timeout, grace):
     """Runs in the detached grandchild: start torchrun, wait, write the exit code."""
     os.setsid()
+    write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     devnull = os.open(os.devnull, os.O_RDWR)
     log = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     os.dup2(devnull, 0)
@@ -315,10 +316,11 @@ def _supervise(argv, env, cwd, paths, timeout, grace):
         print(f"torchherd: cannot start torchrun: {exc}", flush=True)  # pylint: disable=ansible-bad-function
         write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     finally:
-        write_atomic(paths["exit_code"], f"{code}\n")
+        # ended_at first: whoever sees the exit code must find the end time too.
         meta = load_json(paths["meta"], {})
         meta["ended_at"] = time.time()
         write_atomic(paths["meta"], json.dumps(meta))
+        write_atomic(paths["exit_code"], f"{code}\n")
         os._exit(0)
 
 
@@ -379,6 +381,12 @@ def start(module, p, paths):
 def report(module, paths, changed=False, **extra):
     state = read_state(paths)
     meta = load_json(paths["meta"], {})
+    if state["exit_code"] is not None and not meta.get("ended_at"):
+        # An exit code written by stop for a supervisor that never finished.
+        try:
+            meta["ended_at"] = os.path.getmtime(paths["exit_code"])
+        except OSError:
+            pass
     module.exit_json(changed=changed, job_state=state["state"], pid=state["pid"],
                      exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
                      last_line=_last_line(paths["log"]), meta=meta,
