@@ -71,6 +71,8 @@ def node_results(hosts, hostvars):
             if res.get("failed"):
                 entry["error"] = str(res.get("msg"))[:500]
         collect = _plain(hv.get("torchherd_collect_logs"))
+        if "results" in collect:  # the collect role's loop: the run directory comes first
+            collect = _plain((collect["results"] or [{}])[0]) or collect
         entry["logs_fetched"] = bool(collect) and not collect.get("unreachable") \
             and "count" in collect
         if collect.get("unreachable"):

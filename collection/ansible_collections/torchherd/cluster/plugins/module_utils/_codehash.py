@@ -38,7 +38,8 @@ def manifest(root, patterns):
 
 
 def tree_hash(root, files):
-    """sha256 over (path, content digest) of each file; returns (hash, missing files)."""
+    """sha256 over (path, executable bit, content digest) of each file; returns (hash, missing
+    files). The executable bit counts because rsync carries it and a script may need it."""
     outer = hashlib.sha256()
     missing = []
     for rel in sorted(files):
@@ -51,6 +52,7 @@ def tree_hash(root, files):
             with open(path, "rb") as handle:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     inner.update(chunk)
+            outer.update(b"x" if os.stat(path).st_mode & 0o100 else b"-")
             outer.update(inner.digest())
         else:
             missing.append(rel)

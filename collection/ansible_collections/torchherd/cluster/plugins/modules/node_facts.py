@@ -53,6 +53,17 @@ options:
       - Stored in C(<root>/.torch-probe.json).
     type: int
     default: 0
+  code_dir:
+    description:
+      - Where the job's code lives on the node (the sync's destination); with O(code_files),
+        the module hashes the code already there (see RV(code_hash)).
+    type: str
+    default: ""
+  code_files:
+    description: The files of the job's code (the controller's manifest) to hash in O(code_dir).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -95,6 +106,14 @@ torch:
     nccl_available: false
     gloo_available: true
     error: null
+code_hash:
+  description:
+    - Content hash of O(code_files) in O(code_dir), computed as the controller computes its own,
+      so that a relaunch with unchanged code can skip the sync; null when O(code_dir) is not
+      there, a file is missing, or no files were given.
+  returned: always
+  type: str
+  sample: 9f2c1e...
 cuda_visible_devices:
   description: CUDA_VISIBLE_DEVICES of the node's environment, null when unset.
   returned: always
@@ -138,6 +157,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
@@ -319,6 +339,8 @@ def main():
             port=dict(type="int", default=0),
             probe_timeout=dict(type="float", default=60),
             cache_seconds=dict(type="int", default=0),
+            code_dir=dict(type="str", default=""),
+            code_files=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -326,6 +348,11 @@ def main():
     python = p["python"] or sys.executable
     root = os.path.abspath(p["root"])
     py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"])
+    code_hash = None
+    code_dir = os.path.abspath(os.path.expanduser(p["code_dir"])) if p["code_dir"] else ""
+    if code_dir and p["code_files"] and os.path.isdir(code_dir):
+        digest, missing = tree_hash(code_dir, p["code_files"])
+        code_hash = None if missing else digest
     module.exit_json(
         changed=False,
         hostname=socket.gethostname(),
@@ -337,6 +364,7 @@ def main():
         port_free=port_free(p["port"]) if p["port"] else None,
         disk_free_bytes=free_disk(root),
         rsync=shutil.which("rsync"),
+        code_hash=code_hash,
         running_jobs=all_runs_with_processes(),
     )
 
