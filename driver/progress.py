@@ -102,11 +102,14 @@ class Progress:
             return self._controller(kind, task, res)
         if kind == "runner_on_unreachable":
             return _some(self._set(host, "unreachable", _first_line(res.get("msg"))))
-        if kind == "runner_on_failed" and not data.get("ignore_errors"):
+        # A watch that ends in a failed job fails its task on purpose (the gang stop is its
+        # rescue): the job's own state and last line say more than the task's message.
+        if (kind == "runner_on_failed" and not data.get("ignore_errors")
+                and "job_state" not in res):
             if task == "Stop before anything starts":  # the gate's verdict, not this host's
                 return []
             return _some(self._set(host, "failed", _first_line(res.get("msg"))))
-        if kind not in ("runner_on_ok", "runner_retry"):
+        if kind not in ("runner_on_ok", "runner_retry") and "job_state" not in res:
             return []
         if res.get("unreachable"):  # ignore_unreachable results arrive as ok
             return _some(self._set(host, "unreachable", _first_line(res.get("msg"))))

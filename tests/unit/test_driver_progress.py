@@ -44,7 +44,7 @@ def launch_events():
     yield ev("playbook_on_play_start", play="Watch")
     yield ev("runner_retry", "n1", "Wait for the job", "Watch", "torchrun",
              {"job_state": "running", "last_line": "[default1]:step 7"})
-    yield ev("runner_on_ok", "n1", "Wait for the job", "Watch", "torchrun",
+    yield ev("runner_on_failed", "n1", "Wait for the job", "Watch", "torchrun",
              {"job_state": "failed", "last_line": "[default1]:boom"})
 
 
