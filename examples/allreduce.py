@@ -36,10 +36,13 @@ def main() -> int:
     backend = os.environ.get("TORCHHERD_BACKEND") or (
         "nccl" if torch.cuda.is_available() else "gloo")
     local_rank = int(os.environ["LOCAL_RANK"])
+    # With NCCL the process group is bound to this rank's GPU, so barrier() knows its device.
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(device)
     dist.init_process_group(backend=backend,
-                            timeout=datetime.timedelta(seconds=args.pg_timeout))
+                            timeout=datetime.timedelta(seconds=args.pg_timeout),
+                            device_id=device if backend == "nccl" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     node_rank = int(os.environ.get("GROUP_RANK", "-1"))
     host = socket.gethostname()
@@ -48,7 +51,6 @@ def main() -> int:
                      f"rank={rank} world_size={world} t={time.time():.3f}\n")
     sys.stdout.flush()
 
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     value = torch.tensor([float(rank)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     expected = world * (world - 1) / 2

@@ -33,7 +33,15 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=512)
     args = parser.parse_args()
 
-    dist.init_process_group(backend=os.environ.get("TORCHHERD_BACKEND") or "gloo")
+    # torchherd resolves the backend in preflight; standalone runs pick it here.
+    backend = os.environ.get("TORCHHERD_BACKEND") or (
+        "nccl" if torch.cuda.is_available() else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # NCCL works on GPU tensors only: each rank takes the GPU of its local rank.
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     # y = 3x + 1 with noise: a model that visibly learns in a few epochs.
@@ -41,13 +49,13 @@ def main() -> int:
     data = TensorDataset(x, 3 * x + 1 + 0.01 * torch.randn_like(x))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
-    model = DistributedDataParallel(torch.nn.Linear(1, 1))
+    model = DistributedDataParallel(torch.nn.Linear(1, 1).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
     ckpt = os.path.join(args.ckpt_dir, "last.pt")
     state = [None]
     if rank == 0 and os.path.exists(ckpt):
-        state[0] = torch.load(ckpt, weights_only=True)
+        state[0] = torch.load(ckpt, weights_only=True, map_location="cpu")
     dist.broadcast_object_list(state, src=0)
     start_epoch = 0
     if state[0] is not None:
@@ -59,8 +67,9 @@ def main() -> int:
 
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        total, count = torch.zeros(1), torch.zeros(1)
+        total, count = torch.zeros(1, device=device), torch.zeros(1, device=device)
         for features, target in loader:
+            features, target = features.to(device), target.to(device)
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(features), target)
             loss.backward()
