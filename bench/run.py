@@ -8,7 +8,8 @@ measures side by side, alternating a, b, c, d, a, b, c, d, ...:
   a  ssh loop: one `ssh node torchrun --node_rank=i ...` per node in parallel (the
      launch_all_nodes.sh way); the code is copied to the nodes beforehand, untimed
   b  pdsh -R ssh: one command; a remote wrapper maps the node's own address to its rank
-  c  torchherd launch (driver.launch, blocking), in a child process
+  c  torchherd launch (driver.launch, blocking), in a child process, after a change to the
+     code (a file rewritten), so the sync really sends
   d  torchherd relaunch right after c, code unchanged, new run id
 
 all on examples/allreduce.py with nproc_per_node 1. Per run: seconds from launch start to
@@ -165,6 +166,9 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
                       extra_env: dict[str, str]) -> dict:
     events = work / f"events-{method}-{time.time():.0f}.jsonl"
     job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1}
+    if method in "ce":
+        # A full launch ships changed code: the sync really sends, as after an edit.
+        (work / "code" / "version.txt").write_text(f"{time.time()}\n")
     env = {**os.environ, **extra_env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(CP_DIR)}
     before = mux_cpu()
     cpu0 = children_cpu()
