@@ -169,7 +169,9 @@ def gate(hosts, hostvars, plan, match=None):
 
     addr, port = plan["master"]["addr"], plan["master"]["port"]
     for host in facts:
-        probe = hostvars.get(host, {}).get("torchherd_probe") or {}
+        # The probe alone (verify), or the start barrier's own probe (launch).
+        probe = (hostvars.get(host, {}).get("torchherd_probe")
+                 or (hostvars.get(host, {}).get("torchherd_start") or {}).get("probe") or {})
         if probe.get("skipped") or not probe or probe.get("reachable"):
             continue
         problems.append(_problem(

@@ -100,86 +100,15 @@ served:
   sample: 3
 """
 
-import errno
-import os
-import socket
-import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-
-def _bind(port):
-    last = None
-    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                # One dual-stack socket where the node has IPv6, else plain IPv4.
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((addr, port))
-            sock.listen(64)
-            return sock, None
-        except OSError as exc:
-            last = exc
-            sock.close()
-    return None, last
-
-
-class _Listener(threading.Thread):
-    """Answers up to `expect` connections with the token, for at most `seconds`."""
-
-    def __init__(self, sock, token, expect, seconds):
-        super().__init__(daemon=True)
-        self.sock, self.token, self.expect = sock, token.encode() + b"\n", expect
-        self.deadline = time.monotonic() + seconds
-        self.served = 0
-
-    def run(self):
-        try:
-            while self.served < self.expect and time.monotonic() < self.deadline:
-                self.sock.settimeout(max(0.05, self.deadline - time.monotonic()))
-                # socket.timeout, not TimeoutError: the two are one only from Python 3.10 on.
-                try:
-                    conn = self.sock.accept()[0]
-                except socket.timeout:
-                    break
-                with conn:
-                    conn.sendall(self.token)
-                self.served += 1
-        finally:
-            self.sock.close()
-
-
-def _connect_once(p):
-    start = time.monotonic()
-    with socket.create_connection((p["host"], p["port"]), timeout=p["timeout"]) as sock:
-        sock.settimeout(max(0.1, p["timeout"] - (time.monotonic() - start)))
-        return sock.recv(256).decode(errors="replace").strip()
-
-
-def connect(p):
-    """(reachable, error): retries a refused connection until the listener's window closes."""
-    deadline = time.monotonic() + p["seconds"]
-    while True:
-        try:
-            answer = _connect_once(p)
-        except ConnectionRefusedError:
-            if time.monotonic() + 0.1 < deadline:
-                time.sleep(0.1)
-                continue
-            return False, (f"connection refused for {p['seconds']:g} s (nothing listens there, "
-                           f"or a firewall rejects it)")
-        except socket.timeout:
-            return False, f"timed out after {p['timeout']:g} s (a firewall dropping the port?)"
-        except OSError as exc:
-            unreachable = exc.errno == errno.EHOSTUNREACH
-            return False, "no route to host" if unreachable else (exc.strerror or str(exc))
-        if answer == p["token"]:
-            return True, None
-        return False, (f"something else answers on {p['host']}:{p['port']} (not the master's "
-                       f"probe listener): is {p['host']} the master's address?")
+from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
+    Listener,
+    bind,
+    connect,
+)
 
 
 def main():
@@ -200,16 +129,15 @@ def main():
     result = {"changed": False}
     listener = None
     if p["listen"]:
-        sock, error = _bind(p["port"])
+        sock, error = bind(p["port"])
         result["listening"] = sock is not None
         if sock is None:
-            reason = os.strerror(error.errno) if error.errno else str(error)
-            module.exit_json(reachable=False, served=0, seconds=0.0,
-                             error=f"cannot listen on port {p['port']}: {reason}", **result)
-        listener = _Listener(sock, p["token"], p["expect"], p["seconds"])
+            module.exit_json(reachable=False, served=0, seconds=0.0, error=error, **result)
+        listener = Listener(sock, p["token"], p["expect"], p["seconds"])
         listener.start()
     start = time.monotonic()
-    reachable, error = connect(p)
+    reachable, error, _sock = connect(p["host"], p["port"], p["token"], p["timeout"],
+                                      p["seconds"])
     seconds = round(time.monotonic() - start, 3)
     if listener is not None:
         # The other nodes are still connecting: answer them until all came or time is up.

@@ -135,6 +135,36 @@ options:
     type: list
     elements: str
     default: []
+  barrier:
+    description:
+      - With O(state=started), the last check before the start and a start barrier in one;
+        the node with O(barrier.listen=true) (the master) listens on O(master_port) while every
+        node, the master too, connects to O(master_addr):O(master_port) and reads the run's
+        token. Once all O(barrier.expect) nodes have come, the master tells each to go and
+        every node starts torchrun at once; if any node cannot reach the master within
+        O(barrier.window) seconds, no node starts.
+      - This proves the very path the job's rendezvous takes, right before it takes it, in the
+        same round trip as the start. RV(probe) tells what this node saw.
+      - Run on every node of the job in one task (forks at least the number of nodes).
+    type: dict
+    suboptions:
+      listen:
+        description: This node is the master and listens.
+        type: bool
+        default: false
+      expect:
+        description: Nodes of the job, the master included.
+        type: int
+        default: 1
+      timeout:
+        description: Seconds one connection attempt may wait for the handshake and the token.
+        type: float
+        default: 3
+      window:
+        description: Seconds the master waits for every node, and a node retries a refused
+          connection (the master may listen a moment after a node first tries).
+        type: float
+        default: 20
 """
 
 EXAMPLES = r"""
@@ -224,6 +254,18 @@ ended_at:
   returned: when the job ended
   type: float
   sample: 1763700010.2
+started:
+  description: Whether this call started the job (false when the barrier called it off).
+  returned: when O(state=started)
+  type: bool
+  sample: true
+probe:
+  description:
+    - What the barrier saw here (O(barrier)); C(reachable) false names why this node could not
+      reach the master port, C(served) is the number of nodes the master heard from.
+  returned: when O(barrier) is set
+  type: dict
+  sample: {reachable: true, error: null, seconds: 0.004, served: 3}
 meta:
   description: What O(meta) recorded at start, and O(wrapper) when one was given.
   returned: always
@@ -242,6 +284,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
+    ABORT,
+    GO,
+    Listener,
+    bind,
+    connect,
+    wait_word,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     MARKER,
     job_pids,
@@ -324,6 +374,36 @@ def _supervise(argv, env, cwd, paths, timeout, grace):
         os._exit(0)
 
 
+def barrier(p):
+    """Every node reaches the master port, or none starts: the probe result plus `go`."""
+    b = p["barrier"]
+    token = "torchherd-" + p["run_id"]
+    started = time.monotonic()
+    if b["listen"]:
+        sock, error = bind(p["master_port"])
+        if sock is None:
+            return {"go": False, "reachable": False, "error": error, "seconds": 0.0, "served": 0}
+        listener = Listener(sock, token, b["expect"], b["window"], hold=True)
+        listener.start()
+        reachable, error, _none = connect(p["master_addr"], p["master_port"], token,
+                                          b["timeout"], b["window"])
+        listener.join()
+        go = reachable and listener.served >= b["expect"]
+        listener.release(GO if go else ABORT)
+        return {"go": go, "reachable": reachable, "error": error, "served": listener.served,
+                "seconds": round(time.monotonic() - started, 3)}
+    reachable, error, sock = connect(p["master_addr"], p["master_port"], token, b["timeout"],
+                                     b["window"], keep=True)
+    go = False
+    if reachable:
+        go = wait_word(sock, b["window"] + b["timeout"] + 5) == GO
+        if not go:
+            error = (f"the start was called off: not every node reached "
+                     f"{p['master_addr']}:{p['master_port']} within {b['window']:g} s")
+    return {"go": go, "reachable": reachable, "error": error,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
 def start(module, p, paths):
     current = read_state(paths)
     if current["state"] != "absent":
@@ -340,6 +420,13 @@ def start(module, p, paths):
     if module.check_mode:
         module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
                          run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"])
+    probe = None
+    if p["barrier"]:
+        probe = barrier(p)
+        if not probe.pop("go"):
+            module.exit_json(changed=False, started=False, job_state="absent", pid=None,
+                             exit_code=None, cmd=argv, run_dir=paths["dir"], log=paths["log"],
+                             last_line="", meta=p["meta"], probe=probe)
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
     env = dict(os.environ)
     # Ansible's own variables must not leak into the job.
@@ -372,10 +459,11 @@ def start(module, p, paths):
     while read_text(paths["pid"]) is None and time.monotonic() < deadline:
         time.sleep(0.02)
     state = read_state(paths)
-    module.exit_json(changed=True, job_state=state["state"], pid=state["pid"],
+    extra = {"probe": probe} if probe is not None else {}
+    module.exit_json(changed=True, started=True, job_state=state["state"], pid=state["pid"],
                      exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],
                      log=paths["log"], last_line=_last_line(paths["log"]),
-                     started_at=started_at, meta=p["meta"])
+                     started_at=started_at, meta=p["meta"], **extra)
 
 
 def report(module, paths, changed=False, **extra):
@@ -507,6 +595,12 @@ def main():
             grace=dict(type="float", default=10),
             meta=dict(type="dict", default={}),
             wrapper=dict(type="list", elements="str", default=[]),
+            barrier=dict(type="dict", options=dict(
+                listen=dict(type="bool", default=False),
+                expect=dict(type="int", default=1),
+                timeout=dict(type="float", default=3),
+                window=dict(type="float", default=20),
+            )),
         ),
         supports_check_mode=True,
     )

@@ -1,0 +1,144 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""The master-port probe: a listener on the master that answers a token, and the nodes that
+connect to it. Used alone (tcp_probe) and as the start barrier of torchrun_job, where the
+listener also tells every node when all have come, so that no node starts unless all can."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+
+GO = "go"
+ABORT = "abort"
+
+
+def bind(port):
+    """(listening socket, None) or (None, reason)."""
+    last = None
+    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                # One dual-stack socket where the node has IPv6, else plain IPv4.
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((addr, port))
+            sock.listen(64)
+            return sock, None
+        except OSError as exc:
+            last = exc
+            sock.close()
+    reason = os.strerror(last.errno) if last.errno else str(last)
+    return None, f"cannot listen on port {port}: {reason}"
+
+
+class Listener(threading.Thread):
+    """Answers up to `expect` connections with the token, for at most `seconds`. With `hold`,
+    keeps them open for release()."""
+
+    def __init__(self, sock, token, expect, seconds, hold=False):
+        super().__init__(daemon=True)
+        self.sock, self.token, self.expect, self.hold = sock, token.encode() + b"\n", expect, hold
+        self.deadline = time.monotonic() + seconds
+        self.served = 0
+        self.held = []
+
+    def run(self):
+        try:
+            while self.served < self.expect and time.monotonic() < self.deadline:
+                self.sock.settimeout(max(0.05, self.deadline - time.monotonic()))
+                # socket.timeout, not TimeoutError: the two are one only from Python 3.10 on.
+                try:
+                    conn = self.sock.accept()[0]
+                except socket.timeout:
+                    break
+                try:
+                    conn.sendall(self.token)
+                except OSError:
+                    conn.close()
+                    continue
+                if self.hold:
+                    self.held.append(conn)
+                else:
+                    conn.close()
+                self.served += 1
+        finally:
+            self.sock.close()
+
+    def release(self, word):
+        """Tell every held connection `word`; the nodes close first, so that no TIME_WAIT
+        socket of the master holds the port that torchrun binds next."""
+        for conn in self.held:
+            try:
+                conn.sendall(word.encode() + b"\n")
+            except OSError:
+                pass
+        for conn in self.held:
+            try:
+                conn.settimeout(2)
+                conn.recv(16)
+            except OSError:
+                pass
+            conn.close()
+        self.held = []
+
+
+def _answer(sock, timeout):
+    sock.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(256)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def connect(host, port, token, timeout, window, keep=False):
+    """(reachable, error, socket or None). A refused connection is tried again until `window`
+    seconds have passed: the master may start listening a moment after a node first tries.
+    With `keep`, the socket stays open for wait_word()."""
+    deadline = time.monotonic() + window
+    while True:
+        start = time.monotonic()
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except ConnectionRefusedError:
+            if time.monotonic() + 0.1 < deadline:
+                time.sleep(0.1)
+                continue
+            return False, (f"connection refused for {window:g} s (nothing listens there, "
+                           f"or a firewall rejects it)"), None
+        except socket.timeout:
+            return False, f"timed out after {timeout:g} s (a firewall dropping the port?)", None
+        except OSError as exc:
+            unreachable = exc.errno == errno.EHOSTUNREACH
+            return False, "no route to host" if unreachable else (exc.strerror or str(exc)), None
+        try:
+            answer = _answer(sock, max(0.1, timeout - (time.monotonic() - start)))
+        except OSError as exc:
+            sock.close()
+            return False, f"no answer from {host}:{port} ({exc})", None
+        if answer != token:
+            sock.close()
+            return False, (f"something else answers on {host}:{port} (not the master's "
+                           f"probe listener): is {host} the master's address?"), None
+        if keep:
+            return True, None, sock
+        sock.close()
+        return True, None, None
+
+
+def wait_word(sock, seconds):
+    """The master's word on a kept connection (GO or ABORT), ABORT if it never comes."""
+    try:
+        word = _answer(sock, seconds)
+    except OSError:
+        word = ""
+    finally:
+        sock.close()
+    return word if word in (GO, ABORT) else ABORT
