@@ -93,3 +93,21 @@ def test_a_port_in_use_cannot_be_listened_on():
         busy.listen(1)
         sock, error = bind(busy.getsockname()[1])
     assert sock is None and error.startswith("cannot listen on port")
+
+
+def test_a_node_that_reads_late_gets_the_token_and_the_word_apart():
+    # The last node's token and the master's go can reach it in one segment.
+    from ansible_collections.torchherd.cluster.plugins.module_utils._probe import _Lines
+
+    port = free_port()
+    sock, _error = bind(port)
+    listener = Listener(sock, TOKEN, 1, 5, hold=True)
+    listener.start()
+    late = socket.create_connection(("127.0.0.1", port))
+    listener.join()
+    releasing = threading.Thread(target=listener.release, args=(GO,))
+    releasing.start()
+    lines = _Lines(late)
+    assert lines.line(5) == TOKEN
+    assert wait_word(lines, 5) == GO
+    releasing.join(5)

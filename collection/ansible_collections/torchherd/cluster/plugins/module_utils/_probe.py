@@ -87,21 +87,27 @@ class Listener(threading.Thread):
         self.held = []
 
 
-def _answer(sock, timeout):
-    sock.settimeout(timeout)
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(256)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace").strip()
+class _Lines:
+    """Lines from a connected socket, one at a time: the token and the master's word may
+    arrive in one segment when a node reads late."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+
+    def line(self, timeout):
+        self.sock.settimeout(timeout)
+        return self.reader.readline(256).decode(errors="replace").strip()
+
+    def close(self):
+        self.reader.close()
+        self.sock.close()
 
 
 def connect(host, port, token, timeout, window, keep=False):
     """(reachable, error, socket or None). A refused connection is tried again until `window`
     seconds have passed: the master may start listening a moment after a node first tries.
-    With `keep`, the socket stays open for wait_word()."""
+    With `keep`, the connection stays open for wait_word()."""
     deadline = time.monotonic() + window
     while True:
         start = time.monotonic()
@@ -118,27 +124,28 @@ def connect(host, port, token, timeout, window, keep=False):
         except OSError as exc:
             unreachable = exc.errno == errno.EHOSTUNREACH
             return False, "no route to host" if unreachable else (exc.strerror or str(exc)), None
+        lines = _Lines(sock)
         try:
-            answer = _answer(sock, max(0.1, timeout - (time.monotonic() - start)))
+            answer = lines.line(max(0.1, timeout - (time.monotonic() - start)))
         except OSError as exc:
-            sock.close()
+            lines.close()
             return False, f"no answer from {host}:{port} ({exc})", None
         if answer != token:
-            sock.close()
+            lines.close()
             return False, (f"something else answers on {host}:{port} (not the master's "
                            f"probe listener): is {host} the master's address?"), None
         if keep:
-            return True, None, sock
-        sock.close()
+            return True, None, lines
+        lines.close()
         return True, None, None
 
 
-def wait_word(sock, seconds):
+def wait_word(lines, seconds):
     """The master's word on a kept connection (GO or ABORT), ABORT if it never comes."""
     try:
-        word = _answer(sock, seconds)
+        word = lines.line(seconds)
     except OSError:
         word = ""
     finally:
-        sock.close()
+        lines.close()
     return word if word in (GO, ABORT) else ABORT

@@ -392,11 +392,11 @@ def barrier(p):
         listener.release(GO if go else ABORT)
         return {"go": go, "reachable": reachable, "error": error, "served": listener.served,
                 "seconds": round(time.monotonic() - started, 3)}
-    reachable, error, sock = connect(p["master_addr"], p["master_port"], token, b["timeout"],
+    reachable, error, conn = connect(p["master_addr"], p["master_port"], token, b["timeout"],
                                      b["window"], keep=True)
     go = False
     if reachable:
-        go = wait_word(sock, b["window"] + b["timeout"] + 5) == GO
+        go = wait_word(conn, b["window"] + b["timeout"] + 5) == GO
         if not go:
             error = (f"the start was called off: not every node reached "
                      f"{p['master_addr']}:{p['master_port']} within {b['window']:g} s")
