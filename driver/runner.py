@@ -25,7 +25,7 @@ Event = dict[str, Any]
 
 # How often ansible-runner looks at the cancel callback: the latency of Ctrl-C, and while a
 # job is watched nearly all the controller does (each look costs ~0.4 ms of CPU).
-_POLL_SECONDS = 0.5
+_POLL_SECONDS = 1.0
 
 
 @dataclass

@@ -13,7 +13,7 @@ description:
     flight and no result has come back, the controller sleeps until a worker reports instead of
     looking every C(internal_poll_interval).
   - Made for watching jobs that run for hours or days with one long-blocking task per node;
-    the idle controller wakes about once a second instead of 50 to 1000 times.
+    the idle controller wakes every few seconds instead of 50 to 1000 times a second.
   - A result is handled as soon as it arrives, so a failing node is seen no later than with
     C(ansible.builtin.free).
 """
@@ -25,7 +25,7 @@ from ansible.plugins.strategy.free import StrategyModule as FreeStrategy
 
 # Longest sleep while waiting for results: bounds how late a cancelled run or a dead worker
 # process (which sends no result) is noticed.
-_IDLE_WAKE = 1.0
+_IDLE_WAKE = 5.0
 
 
 class _SignallingDeque(collections.deque):
