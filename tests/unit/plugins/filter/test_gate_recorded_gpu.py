@@ -13,31 +13,21 @@ import json
 from pathlib import Path
 
 import pytest
+from test_gate import checks, make
 
 from ansible_collections.torchherd.cluster.plugins.filter.gate import gate
-from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "h100_node_facts.json"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def h100():
     return json.loads(FIXTURE.read_text(encoding="utf-8"))
 
 
-def make(hosts_facts, **job):
-    """Hosts, hostvars and plan as the launch playbook hands them to the gate."""
-    hosts = list(hosts_facts)
-    hostvars = {h: {"ansible_host": f"127.0.0.{i + 1}", "torchherd_facts": copy.deepcopy(f)}
-                for i, (h, f) in enumerate(hosts_facts.items())}
-    job.setdefault("script", "allreduce.py")
-    p = plan(job, {"torchherd_nodes": hosts}, hostvars)
-    p["run_id"] = "r1"
-    return hosts, hostvars, p
-
-
-def checks(verdict):
-    return sorted((p["host"], p["check"]) for p in verdict["problems"])
+def two(facts):
+    """Two inventory entries on the one machine: both see its GPU."""
+    return {"node0": facts, "node1": copy.deepcopy(facts)}
 
 
 def test_fixture_is_a_one_gpu_cuda_node(h100):
@@ -68,11 +58,12 @@ def test_one_node_backend_auto_picks_nccl(h100):
 
 
 def test_two_entries_seeing_the_same_gpu_fail_with_duplicate_gpu(h100):
-    verdict = gate(*make({"node0": h100, "node1": h100}, backend="nccl", nproc_per_node="auto"))
+    verdict = gate(*make(two(h100), backend="nccl", nproc_per_node="auto"))
     assert not verdict["ok"]
     assert checks(verdict) == [("node0, node1", "duplicate gpu")]
     problem = verdict["problems"][0]
-    assert h100["torch"]["gpus"][0]["uuid"] in problem["found"]
+    # Named as nvidia-smi -L names it, so the user can find it there.
+    assert problem["found"] == f"GPU-{h100['torch']['gpus'][0]['uuid']} seen by all of them"
     assert "CUDA_VISIBLE_DEVICES" in problem["fix"]
     # The entries agree on everything else: the duplicate is the only finding.
     assert verdict["nproc_per_node"] == 1 and verdict["world_size"] == 2
@@ -80,7 +71,7 @@ def test_two_entries_seeing_the_same_gpu_fail_with_duplicate_gpu(h100):
 
 def test_two_entries_with_nproc_one_fail_the_same_way(h100):
     # The launch of inventories/local.ini on the GPU machine (--nproc-per-node 1).
-    verdict = gate(*make({"node0": h100, "node1": h100}, backend="nccl", nproc_per_node=1))
+    verdict = gate(*make(two(h100), backend="nccl", nproc_per_node=1))
     assert checks(verdict) == [("node0, node1", "duplicate gpu")]
 
 

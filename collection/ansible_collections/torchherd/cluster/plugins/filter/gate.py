@@ -225,12 +225,15 @@ def gate(hosts, hostvars, plan, match=None):
     owners = {}
     for host, f in usable.items():
         for gpu in f["torch"].get("gpus") or []:
-            key = gpu.get("uuid") or f"{f.get('hostname')}#{gpu.get('index')}"
+            uuid = gpu.get("uuid")
+            # As nvidia-smi -L shows it (torch gives the UUID without the prefix).
+            key = (uuid if str(uuid).startswith("GPU-") else f"GPU-{uuid}") if uuid \
+                else f"{f.get('hostname')} GPU {gpu.get('index')}"
             owners.setdefault(key, []).append(host)
     for key, hosts_sharing in owners.items():
         if len(hosts_sharing) > 1 and backend == "nccl":
             problems.append(_problem(", ".join(hosts_sharing), "duplicate gpu",
-                                     "each node its own GPUs", f"GPU {key} seen by all of them",
+                                     "each node its own GPUs", f"{key} seen by all of them",
                                      "list one inventory entry per machine, or give each entry "
                                      "its own GPUs with CUDA_VISIBLE_DEVICES"))
 
