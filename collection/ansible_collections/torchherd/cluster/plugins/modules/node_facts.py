@@ -57,7 +57,7 @@ options:
     description:
       - Where the job's code lives on the node (the sync's destination); with O(code_files),
         the module hashes the code already there (see RV(code_hash)).
-    type: str
+    type: path
     default: ""
   code_files:
     description: The files of the job's code (the controller's manifest) to hash in O(code_dir).
@@ -339,7 +339,7 @@ def main():
             port=dict(type="int", default=0),
             probe_timeout=dict(type="float", default=60),
             cache_seconds=dict(type="int", default=0),
-            code_dir=dict(type="str", default=""),
+            code_dir=dict(type="path", default=""),
             code_files=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
@@ -349,7 +349,7 @@ def main():
     root = os.path.abspath(p["root"])
     py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"])
     code_hash = None
-    code_dir = os.path.abspath(os.path.expanduser(p["code_dir"])) if p["code_dir"] else ""
+    code_dir = os.path.abspath(p["code_dir"]) if p["code_dir"] else ""
     if code_dir and p["code_files"] and os.path.isdir(code_dir):
         digest, missing = tree_hash(code_dir, p["code_files"])
         code_hash = None if missing else digest
