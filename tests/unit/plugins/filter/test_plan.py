@@ -148,3 +148,11 @@ def test_srun_launcher_needs_slurm_nodes():
     fails("job.launcher: expected nodes of a SLURM job", launcher="srun")
     hv = {h: dict(v, torchherd_slurm_job_id="42") for h, v in HOSTVARS.items()}
     assert run(hostvars=hv, launcher="srun")["job"]["launcher"] == "srun"
+
+
+def test_firewall_ports_mode_needs_ports():
+    fails("job.firewall_ports: expected the ports gloo and NCCL use", firewall_mode="ports")
+    pinned = run(firewall_mode="ports", firewall_ports=["50000-50999"])
+    assert pinned["job"]["firewall_ports"] == ["50000-50999"]
+    assert run(firewall_mode="ports", firewall=False)
+    assert run(groups={"torchherd_nodes": ["a"]}, firewall_mode="ports")

@@ -209,6 +209,16 @@ def plan(job, groups, hostvars):
                             f"{', '.join(outside)} outside one; fix: use that inventory, or "
                             f"launcher ssh")
 
+    # gloo and NCCL connect between the nodes on ports the kernel picks: mode ports without
+    # ports would let the rendezvous through and block the collectives (a hang at init).
+    if (merged.get("firewall", True) and merged.get("firewall_mode") == "ports"
+            and not merged.get("firewall_ports") and len(nodes) > 1):
+        problems.append("job.firewall_ports: expected the ports gloo and NCCL use with "
+                        "firewall_mode ports, found none; fix: pin them to a range "
+                        "(net.ipv4.ip_local_port_range on every node) and list it in "
+                        "firewall_ports, or use firewall_mode members (see the firewall "
+                        "role's README.md)")
+
     for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1)):
         value = merged.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -544,6 +544,11 @@ def main():
         module.fail_json(msg=str(exc))
     v4, v6 = resolve(module, p["peers"]) if p["state"] == "present" else ([], [])
     peers = list(v4) + list(v6)
+    if p["state"] == "present" and p["mode"] == "ports" and peers and not ports:
+        module.fail_json(msg="mode ports: expected the ports gloo and NCCL use (and the master "
+                             "port on the master), found none; fix: pin them to a range "
+                             "(net.ipv4.ip_local_port_range) and list it in ports, or use "
+                             "mode members")
     if p["backend"] == "none":
         module.exit_json(changed=False, backends=[], detected={}, rules=[], peers=peers,
                          msg="backend none: the firewall was left as it is")
