@@ -160,7 +160,9 @@ def summarize(run_dir, plan, results, marks, previous=None):
                                              bool(_SECONDARY.search(item[1]["exception"] or "")),
                                              item[1]["ended_at"] or float("inf")))
         if h["state"] in ("lost", "unreachable"):
-            reason = f"node {name} (node_rank {h['node_rank']}) was lost: {h['error'] or 'unreachable'}"
+            reason = (f"node {name} (node_rank {h['node_rank']}) was lost: "
+                      f"{h['error'] or 'unreachable'}; once it answers again, stop and collect "
+                      f"of this run id end what is left of the job there and fetch its logs")
         elif h["state"] == "timed_out":
             reason = f"node {name} (node_rank {h['node_rank']}) hit the job timeout"
         else:
