@@ -364,6 +364,31 @@ def test_ports_mode_opens_only_the_listed_ports_and_a_pinned_launch_passes(make_
     assert not any(closed.values()), closed
 
 
+def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_cluster, tmp_path):
+    # The launch's own firewall phase, as root: the start opens each node's rules before its
+    # barrier (the job's rendezvous and gloo get through default-deny only then), and the wait
+    # that sees the job end removes them, after success and after a gang stop alike.
+    cluster, backends = firewalled_cluster(make_cluster, "fwlaunch",
+                                           ["nftables", "iptables", "ufw"])
+    result = launch(allreduce_job(), cluster.inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    assert [h["state"] for h in result.hosts.values()] == ["succeeded"] * len(backends)
+    for node in cluster.nodes:
+        assert leftovers(cluster, node) == [], node.name
+
+    failed = launch(allreduce_job(args=["--pg-timeout", "60", "--fail-rank", "1",
+                                        "--fail-after", "2"]),
+                    cluster.inventory, runs_dir=tmp_path)
+    assert not failed.ok
+    assert failed.hosts[cluster.nodes[1].name]["failing_rank"] == 1, failed.reason
+    for node in cluster.nodes:
+        assert leftovers(cluster, node) == [], node.name
+    # The default deny is back: the job's nodes cannot reach each other's master port.
+    listen(cluster, cluster.nodes[:1], MASTER_PORT)
+    assert reachable(cluster, [(cluster.nodes[1], cluster.nodes[0], MASTER_PORT)]) == {
+        "node1->node0:29500": False}
+
+
 def reboot(cluster, node):
     """Power the node off and on (podman kill + start): the kernel's rules are gone, systemd
     boots again and loads what is meant to persist."""

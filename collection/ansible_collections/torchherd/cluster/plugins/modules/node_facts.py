@@ -81,6 +81,11 @@ hostname:
   returned: always
   type: str
   sample: node0
+euid:
+  description: The effective user id the job runs as on the node (0 is root).
+  returned: always
+  type: int
+  sample: 1000
 root:
   description: torchherd's directory with C(~) expanded.
   returned: always
@@ -356,6 +361,7 @@ def main():
     module.exit_json(
         changed=False,
         hostname=socket.gethostname(),
+        euid=os.geteuid(),
         root=root,
         python=py,
         torch=torch,

@@ -165,6 +165,44 @@ options:
           connection (the master may listen a moment after a node first tries).
         type: float
         default: 20
+  firewall:
+    description:
+      - With O(state=started), the job's firewall rules (see M(torchherd.cluster.firewall_rules),
+        whose options these are, for the run O(run_id)) opened in this call, before the
+        barrier. A node reaches the barrier only with its rules in place, so no node starts
+        before every node lets the others in. Saves the separate firewall round trip where
+        the job runs as root anyway; needs root like that module.
+      - With O(state=waiting), the run's rules are removed in the same call once the job has
+        ended on this node (as that module's O(state=absent) with O(firewall.backend)), so that
+        no teardown round trip is needed; a rule that cannot be removed is reported in
+        RV(firewall), never as the job's failure.
+      - RV(firewall) reports what was opened or removed.
+    type: dict
+    suboptions:
+      peers:
+        description: Addresses (or networks, or names resolved on the node) of the job's other nodes.
+        type: list
+        elements: str
+        default: []
+      mode:
+        description: C(members) allows any TCP port from the peers, C(ports) only O(firewall.ports).
+        type: str
+        choices: [members, ports]
+        default: members
+      ports:
+        description: With O(firewall.mode=ports), the TCP ports and ranges to allow.
+        type: list
+        elements: str
+        default: []
+      backend:
+        description: Where the rules go; C(auto) detects it, C(none) changes nothing.
+        type: str
+        choices: [auto, nftables, ufw, firewalld, iptables, none]
+        default: auto
+      persistent:
+        description: Keep the rules across a reboot, until they are removed.
+        type: bool
+        default: false
 """
 
 EXAMPLES = r"""
@@ -266,6 +304,15 @@ probe:
   returned: when O(barrier) is set
   type: dict
   sample: {reachable: true, error: null, seconds: 0.004, served: 3}
+firewall:
+  description:
+    - What O(firewall) opened or removed here, as M(torchherd.cluster.firewall_rules) returns it
+      (C(changed), C(backends), C(detected), C(rules), C(peers), C(msg)); C(rules) is empty
+      where no firewall is active, and after a removal. C(error) says why a removal failed
+      (the rules are still there then).
+  returned: when O(firewall) is set, with O(state=started), and with O(state=waiting) once the job has ended
+  type: dict
+  sample: {changed: false, backends: [], rules: [], msg: "no firewall is active on this node"}
 meta:
   description: What O(meta) recorded at start, and O(wrapper) when one was given.
   returned: always
@@ -284,6 +331,10 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._firewall_node import (
+    RULE_OPTIONS,
+    apply_rules,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
     ABORT,
     GO,
@@ -417,16 +468,24 @@ def start(module, p, paths):
         module.fail_json(msg=f"wrapper: expected {p['wrapper'][0]} on this node's PATH, found "
                              f"none; fix: install it, or give its absolute path")
     argv = torchrun_argv(p, paths)
+    # The job's firewall rules before the barrier: a node reaches it only once its own rules
+    # are in place, so no node starts before every node's firewall lets the others in.
+    opened = {}
+    if p["firewall"] is not None:
+        opened["firewall"] = apply_rules(module, dict(p["firewall"], state="present",
+                                                      run_id=p["run_id"]))
     if module.check_mode:
         module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
-                         run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"])
+                         run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
+                         **opened)
     probe = None
     if p["barrier"]:
         probe = barrier(p)
         if not probe.pop("go"):
-            module.exit_json(changed=False, started=False, job_state="absent", pid=None,
-                             exit_code=None, cmd=argv, run_dir=paths["dir"], log=paths["log"],
-                             last_line="", meta=p["meta"], probe=probe)
+            module.exit_json(changed=bool(opened and opened["firewall"]["changed"]), started=False,
+                             job_state="absent", pid=None, exit_code=None, cmd=argv,
+                             run_dir=paths["dir"], log=paths["log"], last_line="",
+                             meta=p["meta"], probe=probe, **opened)
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
     env = dict(os.environ)
     # Ansible's own variables must not leak into the job.
@@ -459,7 +518,7 @@ def start(module, p, paths):
     while read_text(paths["pid"]) is None and time.monotonic() < deadline:
         time.sleep(0.02)
     state = read_state(paths)
-    extra = {"probe": probe} if probe is not None else {}
+    extra = dict(opened, probe=probe) if probe is not None else opened
     module.exit_json(changed=True, started=True, job_state=state["state"], pid=state["pid"],
                      exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],
                      log=paths["log"], last_line=_last_line(paths["log"]),
@@ -507,13 +566,45 @@ def _sleep_until_gone(paths, seconds):
             os.close(fd)
 
 
-def wait(module, paths, timeout):
+class _FirewallError(Exception):
+    pass
+
+
+class _Soft:
+    """The module, except that a failure raises _FirewallError instead of ending the call: a
+    rule that could not be removed must not hide the job's own state."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def fail_json(self, msg, **_kwargs):
+        raise _FirewallError(msg)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def close_firewall(module, p):
+    """Removes the run's rules (firewall_rules state=absent): what was removed, or the error."""
+    try:
+        return apply_rules(_Soft(module), dict(p["firewall"], state="absent", run_id=p["run_id"]))
+    except _FirewallError as exc:
+        module.warn(f"the rules of run {p['run_id']} could not be removed here: {exc}")
+        return {"changed": False, "error": str(exc)}
+
+
+def wait(module, p, paths, timeout):
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or read_state(paths)["state"] != "running":
+        state = read_state(paths)["state"]
+        if left <= 0 or state != "running":
             break
         _sleep_until_gone(paths, min(left, 30.0))
+    # Once the job has ended here, its rules go in this same call (no teardown round trip).
+    if p["firewall"] is not None and state != "running" and not module.check_mode:
+        closed = close_firewall(module, p)
+        report(module, paths, changed=closed["changed"], firewall=closed)
     report(module, paths)
 
 
@@ -601,6 +692,7 @@ def main():
                 timeout=dict(type="float", default=3),
                 window=dict(type="float", default=20),
             )),
+            firewall=dict(type="dict", options=dict(RULE_OPTIONS)),
         ),
         supports_check_mode=True,
     )
@@ -609,7 +701,7 @@ def main():
     if p["state"] == "started":
         start(module, p, paths)
     elif p["state"] == "waiting":
-        wait(module, paths, p["wait_timeout"])
+        wait(module, p, paths, p["wait_timeout"])
     elif p["state"] == "stopped":
         stop(module, p, paths)
     report(module, paths)
