@@ -1,5 +1,7 @@
 """summary.json logic: root cause, elastic success, per-host merge, failure parsing."""
 
+import os
+
 from ansible_collections.torchherd.cluster.plugins.module_utils._summary import (
     failure_of,
     newer,
@@ -74,3 +76,85 @@ def test_error_file_gives_the_exception(tmp_path):
     found = failure_of(str(tmp_path))
     assert found["exception"] == "KeyError: 'lr'" and found["local_rank"] == 1
     assert found["traceback"] == "Traceback ..."
+
+
+REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+t.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_13:09:05
+  host      : n1
+  rank      : {other} (local_rank: {other_local})
+  exitcode  : {other_code} (pid: 406)
+  error_file: <N/A>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_13:09:05
+  host      : n1
+  rank      : {root} (local_rank: {root_local})
+  exitcode  : {root_code} (pid: 405)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def two_rank_node(tmp_path, logs, report, attempt=0):
+    """Node n1 with ranks 2 (local 0) and 3 (local 1): logs is {local: (text, mtime)}."""
+    node = tmp_path / "n1"
+    for local, (text, mtime) in logs.items():
+        d = node / "torchrun" / "x" / f"attempt_{attempt}" / str(local)
+        d.mkdir(parents=True)
+        (d / "stderr.log").write_text(text)
+        os.utime(d / "stderr.log", (mtime, mtime))
+    (node / "node.log").write_text(report)
+    return str(node)
+
+
+def tb(rank, line):
+    return (f"[rank{rank}]: Traceback (most recent call last):\n"
+            f"[rank{rank}]:   File \"t.py\", line 9\n[rank{rank}]: {line}\n")
+
+
+def test_torchruns_tied_root_cause_is_not_taken_for_the_rank_that_raised(tmp_path):
+    # Both ranks died between two of torchrun's polls: its report names local rank 0, whose
+    # error is the lost connection to rank 3, which raised first.
+    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
+    node = two_rank_node(tmp_path, {0: (tb(2, "RuntimeError: Connection closed by peer"), 101.0),
+                                    1: (tb(3, "ValueError: injected"), 100.0)}, report)
+    found = failure_of(node)
+    assert (found["failing_rank"], found["local_rank"]) == (3, 1)
+    assert found["exception"] == "ValueError: injected"
+
+
+def test_of_two_real_exceptions_the_earlier_is_the_root_cause(tmp_path):
+    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
+    logs = {0: (tb(2, "KeyError: 'a'"), 100.0), 1: (tb(3, "KeyError: 'b'"), 100.5)}
+    assert failure_of(two_rank_node(tmp_path / "a", logs, report))["failing_rank"] == 2
+    logs = {0: (tb(2, "KeyError: 'a'"), 100.5), 1: (tb(3, "KeyError: 'b'"), 100.0)}
+    assert failure_of(two_rank_node(tmp_path / "b", logs, report))["failing_rank"] == 3
+
+
+def test_a_rank_killed_by_a_signal_is_not_the_root_cause(tmp_path):
+    # torchrun names the rank it killed itself after the other one failed.
+    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0,
+                           root_code=-15)
+    node = two_rank_node(tmp_path, {0: ("Signal 15 received\n", 99.0),
+                                    1: (tb(3, "OSError: disk full"), 100.0)}, report)
+    found = failure_of(node)
+    assert found["failing_rank"] == 3 and found["exception"] == "OSError: disk full"
+
+
+def test_the_last_attempt_of_a_restarted_job_counts(tmp_path):
+    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
+    node = two_rank_node(tmp_path, {0: (tb(2, "ValueError: first try"), 50.0)}, report, attempt=0)
+    d = tmp_path / "n1" / "torchrun" / "x" / "attempt_1"
+    for local, line, mtime in ((0, "RuntimeError: Connection reset by peer", 201.0),
+                               (1, "ValueError: second try", 200.0)):
+        (d / str(local)).mkdir(parents=True)
+        (d / str(local) / "stderr.log").write_text(tb(2 + local, line))
+        os.utime(d / str(local) / "stderr.log", (mtime, mtime))
+    found = failure_of(node)
+    assert found["failing_rank"] == 3 and found["exception"] == "ValueError: second try"

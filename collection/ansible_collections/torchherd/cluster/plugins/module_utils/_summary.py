@@ -54,39 +54,105 @@ def _traceback(text):
     return "\n".join(block[:200]), exception
 
 
+# One entry of torchrun's failure report in node.log ("rank : 3 (local_rank: 1)", "exitcode : 1").
+_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_ATTEMPT = re.compile(r"attempt_(\d+)$")
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _last_attempt(node_dir):
+    """{local_rank: that rank's directory} of torchrun's last attempt on the node."""
+    attempts = {}
+    for path in glob.glob(os.path.join(node_dir, "torchrun", "**", "attempt_*"), recursive=True):
+        match = _ATTEMPT.search(path)
+        if match and os.path.isdir(path):
+            attempts.setdefault(int(match.group(1)), []).append(path)
+    if not attempts:
+        return {}
+    ranks = {}
+    for path in sorted(attempts[max(attempts)]):
+        for entry in os.listdir(path):
+            if entry.isdigit():
+                ranks[int(entry)] = os.path.join(path, entry)
+    return ranks
+
+
+def _error_file(path):
+    """(exception, traceback) from a torchelastic error file, or None."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    message = data.get("message", data)
+    traceback = None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or message.get("extrainfo") or {}
+        traceback = extra.get("py_callstack")
+        text = str(message.get("message") or "")
+    else:
+        text = str(message)
+    return (text.strip().splitlines()[-1] if text.strip() else None), traceback
+
+
+def _rank_failure(rank_dir):
+    """What one rank of the last attempt died of, and when: its error file (written by
+    torchelastic's @record as the exception left main), else its stderr's last traceback."""
+    error = os.path.join(rank_dir, "error.json")
+    parsed = _error_file(error) if os.path.exists(error) else None
+    if parsed and parsed[0]:
+        return {"exception": parsed[0], "traceback": parsed[1], "at": _mtime(error)}
+    stderr = os.path.join(rank_dir, "stderr.log")
+    traceback, exception = _traceback(_read(stderr))
+    return {"exception": exception, "traceback": traceback,
+            "at": _mtime(stderr) if exception else float("inf")}
+
+
 def failure_of(node_dir):
-    """Failing rank, exception and traceback of one node, from error files, else from logs."""
+    """Failing rank, exception and traceback of one node.
+
+    torchrun's "Root Cause (first observed failure)" is not reliable with several ranks per
+    node: ranks that die between two of its polls get one timestamp, and the lowest local rank
+    wins the tie, often a peer that only lost its connection to the rank that raised. So every
+    failed rank of torchrun's report is weighed here: a rank that exited with an error before
+    one killed by a signal, a real exception before a peer's connection error, then the
+    earliest (the time its error file or stderr was last written, to the node's clock)."""
     found = {"failing_rank": None, "local_rank": None, "exception": None, "traceback": None}
-    for path in sorted(glob.glob(os.path.join(node_dir, "torchrun", "**", "error.json"),
-                                 recursive=True)):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        message = data.get("message", data)
-        if isinstance(message, dict):
-            extra = message.get("extraInfo") or message.get("extrainfo") or {}
-            found["traceback"] = extra.get("py_callstack")
-            text = str(message.get("message") or "")
-        else:
-            text = str(message)
-        found["exception"] = text.strip().splitlines()[-1] if text.strip() else None
-        local = os.path.basename(os.path.dirname(path))
-        found["local_rank"] = int(local) if local.isdigit() else None
     node_log = _read(os.path.join(node_dir, "node.log"))
+    ranks = _last_attempt(node_dir)
+    report = node_log[node_log.rfind("Failures:"):] if "Failures:" in node_log else ""
+    entries = {int(local): (int(rank), int(code)) for rank, local, code in _ENTRY.findall(report)}
     marker = node_log.rfind("Root Cause")
-    if marker >= 0:
-        match = _ROOT_CAUSE.search(node_log, marker)
-        if match:
-            found["failing_rank"] = int(match.group(1))
-            found["local_rank"] = int(match.group(2))
-    if found["exception"] is None and found["local_rank"] is not None:
-        logs = sorted(glob.glob(os.path.join(node_dir, "torchrun", "**", "attempt_*",
-                                             str(found["local_rank"]), "stderr.log"),
-                                recursive=True))
-        if logs:
-            found["traceback"], found["exception"] = _traceback(_read(logs[-1]))
+    root = _ROOT_CAUSE.search(node_log, marker) if marker >= 0 else None
+    if root:
+        found["failing_rank"], found["local_rank"] = int(root.group(1)), int(root.group(2))
+    candidates = []
+    for local, (rank, code) in entries.items():
+        failure = _rank_failure(ranks[local]) if local in ranks else {
+            "exception": None, "traceback": None, "at": float("inf")}
+        candidates.append(((code < 0, bool(_SECONDARY.search(failure["exception"] or "")),
+                            failure["exception"] is None, failure["at"], local),
+                           rank, local, failure))
+    if candidates:
+        _key, found["failing_rank"], found["local_rank"], failure = min(candidates)
+        found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
+    elif found["local_rank"] is not None and found["local_rank"] in ranks:
+        failure = _rank_failure(ranks[found["local_rank"]])
+        found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
+    elif ranks:
+        # No report from torchrun (killed, or never got that far): the error files alone.
+        failures = sorted((_rank_failure(d)["at"], local) for local, d in ranks.items())
+        if failures and failures[0][0] != float("inf"):
+            local = failures[0][1]
+            failure = _rank_failure(ranks[local])
+            found["local_rank"] = local
+            found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
     if found["exception"] is None:
         found["traceback"], found["exception"] = _traceback(node_log)
     return found
