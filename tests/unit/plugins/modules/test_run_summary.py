@@ -145,6 +145,13 @@ def test_a_rank_killed_by_a_signal_is_not_the_root_cause(tmp_path):
                                     1: (tb(3, "OSError: disk full"), 100.0)}, report)
     found = failure_of(node)
     assert found["failing_rank"] == 3 and found["exception"] == "OSError: disk full"
+    # A rank the kernel killed (out of memory) is a failure of its own, before one torchrun
+    # terminated after it.
+    report = REPORT.format(other=2, other_local=0, other_code=-15, root=3, root_local=1,
+                           root_code=-9)
+    node = two_rank_node(tmp_path / "oom", {0: ("Signal 15 received\n", 99.0),
+                                            1: ("loading batch\n", 98.0)}, report)
+    assert failure_of(node)["failing_rank"] == 3
 
 
 def test_the_last_attempt_of_a_restarted_job_counts(tmp_path):

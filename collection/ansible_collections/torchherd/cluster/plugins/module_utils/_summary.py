@@ -120,8 +120,8 @@ def failure_of(node_dir):
     torchrun's "Root Cause (first observed failure)" is not reliable with several ranks per
     node: ranks that die between two of its polls get one timestamp, and the lowest local rank
     wins the tie, often a peer that only lost its connection to the rank that raised. So every
-    failed rank of torchrun's report is weighed here: a rank that exited with an error before
-    one killed by a signal, a real exception before a peer's connection error, then the
+    failed rank of torchrun's report is weighed here: a rank that failed by itself before one
+    terminated (SIGTERM), a real exception before a peer's connection error, then the
     earliest (the time its error file or stderr was last written, to the node's clock)."""
     found = {"failing_rank": None, "local_rank": None, "exception": None, "traceback": None}
     node_log = _read(os.path.join(node_dir, "node.log"))
@@ -136,7 +136,9 @@ def failure_of(node_dir):
     for local, (rank, code) in entries.items():
         failure = _rank_failure(ranks[local]) if local in ranks else {
             "exception": None, "traceback": None, "at": float("inf")}
-        candidates.append(((code < 0, bool(_SECONDARY.search(failure["exception"] or "")),
+        # SIGTERM is what torchrun (and stop) send the other ranks; SIGKILL from the kernel's
+        # OOM killer, or a crash (SIGSEGV, SIGABRT), is a failure of the rank's own.
+        candidates.append(((code == -15, bool(_SECONDARY.search(failure["exception"] or "")),
                             failure["exception"] is None, failure["at"], local),
                            rank, local, failure))
     if candidates:
