@@ -364,25 +364,50 @@ def test_ports_mode_opens_only_the_listed_ports_and_a_pinned_launch_passes(make_
     assert not any(closed.values()), closed
 
 
+class FirewallSteps:
+    """From a launch's events, per host: the rules its start opened, what its last wait
+    removed, and which firewall_rules tasks (the role's own opening and teardown) ran."""
+
+    def __init__(self):
+        self.opened, self.closed, self.role_tasks = {}, {}, []
+
+    def __call__(self, event):
+        data = event.get("event_data") or {}
+        res = data.get("res") if isinstance(data.get("res"), dict) else {}
+        # A wait that sees its job fail fails its task on purpose (the gang stop's rescue).
+        if event.get("event") not in ("runner_on_ok", "runner_on_failed"):
+            return
+        if data.get("task_action") == MODULE:
+            self.role_tasks.append(f"{data.get('host')}: {data.get('task')}")
+        elif data.get("task_action") == "torchherd.cluster.torchrun_job" and "firewall" in res:
+            steps = self.opened if res.get("started") is not None else self.closed
+            steps[data["host"]] = res["firewall"]
+
+
 def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_cluster, tmp_path):
     # The launch's own firewall phase, as root: the start opens each node's rules before its
     # barrier (the job's rendezvous and gloo get through default-deny only then), and the wait
-    # that sees the job end removes them, after success and after a gang stop alike.
+    # that sees the job end removes them, after success and after a gang stop alike; the
+    # firewall role's own tasks (a round trip each) do not run.
     cluster, backends = firewalled_cluster(make_cluster, "fwlaunch",
                                            ["nftables", "iptables", "ufw"])
-    result = launch(allreduce_job(), cluster.inventory, runs_dir=tmp_path)
-    assert result.ok, result.reason
-    assert [h["state"] for h in result.hosts.values()] == ["succeeded"] * len(backends)
-    for node in cluster.nodes:
-        assert leftovers(cluster, node) == [], node.name
-
-    failed = launch(allreduce_job(args=["--pg-timeout", "60", "--fail-rank", "1",
-                                        "--fail-after", "2"]),
-                    cluster.inventory, runs_dir=tmp_path)
-    assert not failed.ok
-    assert failed.hosts[cluster.nodes[1].name]["failing_rank"] == 1, failed.reason
-    for node in cluster.nodes:
-        assert leftovers(cluster, node) == [], node.name
+    hosts = sorted(node.name for node in cluster.nodes)
+    for args in ([], ["--fail-rank", "1", "--fail-after", "2"]):
+        steps = FirewallSteps()
+        result = launch(allreduce_job(args=["--pg-timeout", "60", *args]), cluster.inventory,
+                        runs_dir=tmp_path, on_event=steps)
+        if args:
+            assert not result.ok
+            assert result.hosts[cluster.nodes[1].name]["failing_rank"] == 1, result.reason
+        else:
+            assert result.ok, result.reason
+            assert [h["state"] for h in result.hosts.values()] == ["succeeded"] * len(backends)
+        assert sorted(steps.opened) == hosts and all(f["rules"] for f in steps.opened.values())
+        assert sorted(steps.closed) == hosts, steps.closed
+        assert all("error" not in f and f["rules"] == [] for f in steps.closed.values())
+        assert steps.role_tasks == []
+        for node in cluster.nodes:
+            assert leftovers(cluster, node) == [], node.name
     # The default deny is back: the job's nodes cannot reach each other's master port.
     listen(cluster, cluster.nodes[:1], MASTER_PORT)
     assert reachable(cluster, [(cluster.nodes[1], cluster.nodes[0], MASTER_PORT)]) == {

@@ -149,10 +149,9 @@ def failure_of(node_dir):
         found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
     elif ranks:
         # No report from torchrun (killed, or never got that far): the error files alone.
-        failures = sorted((_rank_failure(d)["at"], local) for local, d in ranks.items())
-        if failures and failures[0][0] != float("inf"):
-            local = failures[0][1]
-            failure = _rank_failure(ranks[local])
+        at, local, failure = min((f["at"], local, f) for local, f in
+                                 ((local, _rank_failure(d)) for local, d in ranks.items()))
+        if at != float("inf"):
             found["local_rank"] = local
             found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
     if found["exception"] is None:
