@@ -23,8 +23,9 @@ from pathlib import Path
 import ansible_runner
 import pytest
 
-from driver import launch
+from driver import api, launch
 from driver.paths import ansible_cfg, collections_path
+from driver.runner import run_playbook
 from tests.cluster import testbed
 
 pytestmark = pytest.mark.cluster
@@ -412,6 +413,26 @@ def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_
     listen(cluster, cluster.nodes[:1], MASTER_PORT)
     assert reachable(cluster, [(cluster.nodes[1], cluster.nodes[0], MASTER_PORT)]) == {
         "node1->node0:29500": False}
+
+
+def test_rules_the_firewall_role_opened_are_torn_down_after_the_job(make_cluster, tmp_path):
+    # The role path (a job that does not run as root opens its rules with become; forced here
+    # by an extra var, as the nodes log in as root): the start opens nothing, so the last wait
+    # removes nothing, and the teardown play must run on exactly the nodes that hold rules.
+    cluster, backends = firewalled_cluster(make_cluster, "fwrole", ["nftables", "iptables"])
+    hosts = sorted(node.name for node in cluster.nodes)
+    steps = FirewallSteps()
+    job = api._prepare(allreduce_job(), tmp_path)
+    outcome = run_playbook("launch", cluster.inventory,
+                           {"torchherd_job": job, "torchherd_firewall_in_start": False},
+                           on_event=steps)
+    assert outcome.status == "successful", outcome.failures
+    assert steps.opened == {} and steps.closed == {}
+    assert sorted(steps.role_tasks) == sorted(
+        [f"{h}: Allow the job's traffic from its other nodes, and from nowhere else"
+         for h in hosts] + [f"{h}: Remove the job's firewall rules" for h in hosts])
+    for node in cluster.nodes:
+        assert leftovers(cluster, node) == [], node.name
 
 
 def reboot(cluster, node):
