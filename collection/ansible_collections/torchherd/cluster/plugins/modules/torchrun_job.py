@@ -16,7 +16,9 @@ description:
     the pid, the node log, torchrun's per-rank logs and error files, and the exit code.
   - O(state=status) reports the job's state on this node without waiting.
   - O(state=waiting) waits until the job ends on this node or O(wait_timeout) seconds pass,
-    whichever comes first, then reports; a watch loop repeats it.
+    whichever comes first, then reports; a watch loop repeats it. Where the node does not answer
+    over SSH, the call is made once more on a fresh connection (the collection's action plugin
+    of this module); a second failure returns RV(lost) with C(unreachable).
   - O(state=stopped) sends SIGTERM to torchrun (which stops its workers), then SIGKILL after
     O(grace) seconds to every process that carries the run's marker; nothing of the job remains.
   - Every process of the job inherits C(TORCHHERD_RUN=<run dir>) in its environment, which is how
@@ -234,6 +236,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lost:
+  description:
+    - With O(state=waiting), true when the node did not answer over SSH on two tries; the
+      result then also has C(unreachable) and no job state.
+  returned: when the node was not reached twice
+  type: bool
+  sample: true
 job_state:
   description: State on this node.
   returned: always

@@ -1,0 +1,57 @@
+"""The torchrun_job action: a wait that loses the node once asks again; twice, it is lost."""
+
+from unittest import mock
+
+import pytest
+from ansible.errors import AnsibleConnectionFailure
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.torchherd.cluster.plugins.action.torchrun_job import ActionModule
+
+RUNNING = {"job_state": "running", "changed": False}
+
+
+def action(state, answers):
+    task = mock.MagicMock()
+    task.args = {"state": state, "run_id": "r1"}
+    connection = mock.MagicMock()
+    plugin = ActionModule(task, connection, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
+                          mock.MagicMock())
+    plugin._execute_module = mock.MagicMock(side_effect=answers)
+    return plugin, connection
+
+
+@pytest.fixture(autouse=True)
+def _no_base_run():
+    with mock.patch.object(ActionBase, "run", return_value={}):
+        yield
+
+
+def test_an_answer_at_once_is_the_result():
+    plugin, connection = action("waiting", [dict(RUNNING)])
+    assert plugin.run(task_vars={}) == RUNNING
+    connection.reset.assert_not_called()
+
+
+def test_one_hiccup_asks_again_on_a_fresh_connection():
+    plugin, connection = action("waiting", [AnsibleConnectionFailure("timeout"), dict(RUNNING)])
+    assert plugin.run(task_vars={"inventory_hostname": "n1"}) == RUNNING
+    connection.reset.assert_called_once()
+    assert plugin._execute_module.call_count == 2
+
+
+def test_two_failures_make_the_node_lost_as_a_result_not_an_exception():
+    plugin, _connection = action("waiting", [AnsibleConnectionFailure("timeout"),
+                                             AnsibleConnectionFailure("no route to host")])
+    result = plugin.run(task_vars={})
+    assert result["unreachable"] is True and result["lost"] is True
+    assert "twice" in result["msg"] and "no route to host" in result["msg"]
+
+
+@pytest.mark.parametrize("state", ["started", "stopped", "status"])
+def test_other_states_are_not_retried(state):
+    # A start must never run twice; stop and status have their own handling of a dead node.
+    plugin, _connection = action(state, [AnsibleConnectionFailure("timeout"), dict(RUNNING)])
+    with pytest.raises(AnsibleConnectionFailure):
+        plugin.run(task_vars={})
+    assert plugin._execute_module.call_count == 1
