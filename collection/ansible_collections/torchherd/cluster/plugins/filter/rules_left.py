@@ -15,7 +15,7 @@ description:
   - A node holds no rule of the run when the firewall role added none (phase off, no active
     firewall, backend none) and the start opened none either, or when its last wait removed the
     rules the start opened.
-  - A node lost by the watch is left out too: it keeps its rules until stop or collect of the
+  - A node lost by the watch is left out too; it keeps its rules until stop or collect of the
     run id reach it.
   - Once for all nodes on the controller, instead of a condition on a teardown task that
     would cost a worker per node even where it skips.
@@ -56,8 +56,8 @@ def _untouched(hv):
     if "torchherd_firewall" not in hv:
         return False
     role = _plain(hv.get("torchherd_firewall"))
-    role_added = not role.get("skipped") and (role.get("failed")
-                                             or len(role.get("rules", ["?"]) or []) > 0)
+    role_added = not role.get("skipped") and (
+        bool(role.get("failed")) or len(role.get("rules", ["?"]) or []) > 0)
     start = _plain(hv.get("torchherd_start"))
     opened = _plain(start["firewall"]) if "firewall" in start else {"rules": []}
     return not role_added and len(opened.get("rules", ["?"]) or []) == 0
