@@ -14,6 +14,7 @@ RUNNING = {"job_state": "running", "changed": False}
 def action(state, answers):
     task = mock.MagicMock()
     task.args = {"state": state, "run_id": "r1"}
+    task.async_val = 0
     connection = mock.MagicMock()
     plugin = ActionModule(task, connection, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
                           mock.MagicMock())

@@ -12,21 +12,17 @@ controller a worker per node on every launch, even where it is skipped.
 from __future__ import annotations
 
 from ansible.errors import AnsibleConnectionFailure
-from ansible.plugins.action import ActionBase
+from ansible.plugins.action.normal import ActionModule as NormalAction
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _supports_check_mode = True
+class ActionModule(NormalAction):
+    """The module as any other (temporary files, async), with a second try for a wait."""
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
         if self._task.args.get("state") != "waiting":
-            result.update(self._execute_module(task_vars=task_vars))
-            return result
+            return super().run(tmp, task_vars)
         try:
-            result.update(self._execute_module(task_vars=task_vars))
-            return result
+            return super().run(tmp, task_vars)
         except AnsibleConnectionFailure as first:
             host = (task_vars or {}).get("inventory_hostname", "the node")
             self._display.warning(f"{host}: no answer over SSH while its job runs ({first}); "
@@ -36,11 +32,10 @@ class ActionModule(ActionBase):
         except Exception:  # pylint: disable=broad-except  # a dead master may not stop cleanly
             pass
         try:
-            result.update(self._execute_module(task_vars=task_vars))
+            return super().run(tmp, task_vars)
         except AnsibleConnectionFailure as second:
             # A plain result, not the exception: the task's failed_when decides whether a lost
             # node fails the watch (static rendezvous) or is left to torchrun (elastic).
-            result.update(unreachable=True, lost=True, changed=False,
-                          msg=f"the node did not answer over SSH twice while its job ran: "
-                              f"it counts as lost ({second})")
-        return result
+            return {"unreachable": True, "lost": True, "changed": False,
+                    "msg": f"the node did not answer over SSH twice while its job ran: it "
+                           f"counts as lost ({second})"}
