@@ -156,6 +156,41 @@ def test_killed_node_is_named_and_the_rest_stop(make_cluster, tmp_path):
     print(f"node killed -> launch returned {time.time() - killed_at:.1f} s")
 
 
+def test_a_dropped_ssh_connection_mid_watch_does_not_stop_the_job(cluster3, tmp_path,
+                                                                  monkeypatch):
+    # Every node's SSH master dies while its wait is in flight (a hiccup, not a dead node):
+    # each wait fails with a connection error, asks once more on a fresh connection, and the job
+    # runs to its end. Without the second try the nodes would count as lost and be stopped.
+    cpdir = tmp_path / "cp"
+    cpdir.mkdir()
+    monkeypatch.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(cpdir))
+    waiting, output, outcome = set(), [], {}
+
+    def on_event(event):
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_start" and data.get("task") == "Wait for the job":
+            waiting.add(data.get("host"))
+        output.append(event.get("stdout") or "")
+
+    runner = threading.Thread(target=lambda: outcome.update(result=launch(
+        job("allreduce.py", "--sleep", "25", run_id="hiccup"), cluster3.inventory,
+        runs_dir=tmp_path, on_event=on_event)))
+    runner.start()
+    wait_for(lambda: len(waiting) == len(cluster3.nodes), 120, "every node's wait")
+    time.sleep(2)  # the waits' modules are running on the nodes
+    masters = subprocess.run(["pgrep", "-f", f"ssh: {cpdir}"], capture_output=True, text=True)
+    assert masters.stdout.split(), "no SSH master of the launch found"
+    subprocess.run(["pkill", "-KILL", "-f", f"ssh: {cpdir}"], check=True)
+    runner.join(180)
+    assert not runner.is_alive(), "launch did not return"
+    result = outcome["result"]
+    assert result.ok, result.reason
+    s = summary(tmp_path, "hiccup")
+    assert [h["state"] for h in s["hosts"].values()] == ["succeeded"] * len(cluster3.nodes)
+    retried = "".join(output).count("asking once more on a fresh connection")
+    assert retried >= 1, "no wait lost its connection: the test did not test the retry"
+
+
 def test_elastic_job_survives_a_lost_node(make_cluster, tmp_path):
     cluster = make_cluster("lcelastic", 3)
     outcome = {}
