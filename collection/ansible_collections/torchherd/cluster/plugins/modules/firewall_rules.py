@@ -163,9 +163,11 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._firewall_node import (
+from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
     RULE_OPTIONS,
-    apply_rules,
+    FirewallError,
+    Runner,
+    converge_rules,
 )
 
 
@@ -178,7 +180,11 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.exit_json(**apply_rules(module, module.params))
+    try:
+        result = converge_rules(Runner(module), module.params)
+    except FirewallError as exc:
+        module.fail_json(msg=exc.msg, **exc.details)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":
