@@ -9,12 +9,15 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
     ABORT,
     GO,
     Listener,
+    barrier,
     bind,
     connect,
+    probe,
+    run_token,
     wait_word,
 )
 
-TOKEN = "torchherd-r1"
+TOKEN = run_token("r1")
 
 
 def free_port() -> int:
@@ -111,3 +114,79 @@ def test_a_node_that_reads_late_gets_the_token_and_the_word_apart():
     assert lines.line(5) == TOKEN
     assert wait_word(lines, 5) == GO
     releasing.join(5)
+
+
+def all_at_once(calls):
+    """Runs each call in a thread of its own, as one task runs on every node: the results."""
+    results: list = [None] * len(calls)
+
+    def one(index, call):
+        results[index] = call()
+
+    threads = [threading.Thread(target=one, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_the_token_names_the_run():
+    assert TOKEN == "torchherd-r1"
+
+
+def test_the_probe_alone_answers_every_node_and_holds_nothing():
+    port = free_port()
+    master, node = all_at_once([
+        lambda: probe("127.0.0.1", port, TOKEN, 2, 5, listen=True, expect=2),
+        lambda: probe("127.0.0.1", port, TOKEN, 2, 5),
+    ])
+    assert master[0]["listening"] and master[0]["served"] == 2 and master[1] is None
+    assert (master[0]["reachable"], master[0]["error"]) == (True, None)
+    assert node == ({"reachable": True, "error": None, "seconds": node[0]["seconds"]}, None)
+    again, error = bind(port)
+    assert error is None
+    again.close()
+
+
+def test_the_barrier_lets_every_node_go_once_all_came():
+    port = free_port()
+    results = all_at_once([
+        lambda: barrier("127.0.0.1", port, "r1", 2, 5),  # before the master listens
+        lambda: barrier("127.0.0.1", port, "r1", 2, 5, listen=True, expect=3),
+        lambda: barrier("127.0.0.1", port, "r1", 2, 5),
+    ])
+    assert [result["go"] for result in results] == [True, True, True]
+    assert results[1]["served"] == 3
+    assert [result["error"] for result in results] == [None, None, None]
+
+
+def test_the_barrier_calls_the_start_off_everywhere_when_a_node_is_missing():
+    port = free_port()
+    master, node = all_at_once([
+        lambda: barrier("127.0.0.1", port, "r1", 2, 1.0, listen=True, expect=3),
+        lambda: barrier("127.0.0.1", port, "r1", 2, 1.0),
+    ])
+    assert (master["go"], master["served"], master["reachable"]) == (False, 2, True)
+    assert (node["go"], node["reachable"]) == (False, True)
+    assert node["error"] == (f"the start was called off: not every node reached "
+                             f"127.0.0.1:{port} within 1 s")
+
+
+def test_a_barrier_of_another_run_does_not_pass():
+    port = free_port()
+    _master, node = all_at_once([
+        lambda: barrier("127.0.0.1", port, "r1", 2, 1.0, listen=True, expect=2),
+        lambda: barrier("127.0.0.1", port, "r2", 2, 1.0),
+    ])
+    assert not node["go"] and not node["reachable"]
+    assert "something else answers" in node["error"]
+
+
+def test_a_master_that_cannot_listen_starts_nothing():
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as busy:
+        busy.bind(("::" if socket.has_ipv6 else "0.0.0.0", 0))
+        busy.listen(1)
+        result = barrier("127.0.0.1", busy.getsockname()[1], "r1", 1, 0.3, listen=True)
+    assert not result["go"] and not result["listening"] and result["served"] == 0
+    assert result["error"].startswith("cannot listen on port")

@@ -1,8 +1,9 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """The master-port probe: a listener on the master that answers a token, and the nodes that
-connect to it. Used alone (tcp_probe) and as the start barrier of torchrun_job, where the
-listener also tells every node when all have come, so that no node starts unless all can."""
+connect to it. Used alone (tcp_probe, probe()) and as the start barrier of torchrun_job
+(barrier()), where the listener also tells every node when all have come, so that no node
+starts unless all can."""
 
 from __future__ import annotations
 
@@ -149,3 +150,57 @@ def wait_word(lines, seconds):
     finally:
         lines.close()
     return word if word in (GO, ABORT) else ABORT
+
+
+def run_token(run_id):
+    """What the listener answers for a run: names it, so that no other service passes."""
+    return f"torchherd-{run_id}"
+
+
+def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False):
+    """One node's part of the probe, run on every node at once: the master (`listen`) answers up
+    to `expect` nodes for `window` seconds while every node, the master too, connects to
+    host:port, retries a refused connection for `window` seconds and waits `timeout` seconds
+    for the handshake and the token.
+
+    Returns (result, held). result: reachable, error, seconds (to connect and read the token),
+    and on the master listening and served. With `hold`, held is what the barrier decides on:
+    the master's Listener keeping the nodes' connections (for release()), or a node's kept
+    connection (for wait_word()); else None."""
+    started = time.monotonic()
+    result = {}
+    listener = None
+    if listen:
+        sock, error = bind(port)
+        result["listening"] = sock is not None
+        if sock is None:
+            return dict(result, reachable=False, error=error, seconds=0.0, served=0), None
+        listener = Listener(sock, token, expect, window, hold=hold)
+        listener.start()
+    reachable, error, kept = connect(host, port, token, timeout, window,
+                                     keep=hold and listener is None)
+    result.update(reachable=reachable, error=error, seconds=round(time.monotonic() - started, 3))
+    if listener is None:
+        return result, kept
+    # The other nodes are still connecting: answer them until all came or time is up.
+    listener.join()
+    result["served"] = listener.served
+    return result, listener if hold else None
+
+
+def barrier(host, port, run_id, timeout, window, listen=False, expect=1):
+    """The probe as a start barrier: every node reaches the master port, or none starts.
+
+    The probe's result plus `go`: the master tells each node to go only once all `expect`
+    nodes have come, and to abort otherwise."""
+    result, held = probe(host, port, run_token(run_id), timeout, window, listen, expect, hold=True)
+    if listen:
+        go = result["reachable"] and result["served"] >= expect
+        if held is not None:
+            held.release(GO if go else ABORT)
+        return dict(result, go=go)
+    go = result["reachable"] and wait_word(held, window + timeout + 5) == GO
+    if result["reachable"] and not go:
+        result["error"] = (f"the start was called off: not every node reached {host}:{port} "
+                           f"within {window:g} s")
+    return dict(result, go=go)

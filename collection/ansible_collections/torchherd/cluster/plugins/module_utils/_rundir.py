@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import time
 
@@ -160,3 +161,41 @@ def load_json(path, default=None):
         return json.loads(text)
     except ValueError:
         return default
+
+
+def last_line(path):
+    """Last non-empty line of a log (read from its last 4 KiB), or ""."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            lines = [ln for ln in handle.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def sleep_until_gone(paths, seconds):
+    """Sleep until torchrun (or its wrapper) exits, or for `seconds`.
+
+    A pidfd turns readable when the process exits, so a job watched for days costs the node
+    nothing; without one (Python 3.8, kernels before 5.3), or once the process is gone and the
+    supervisor is still writing the exit code, this sleeps a fraction of a second."""
+    pid, _sep, start = (read_text(paths["pid"]) or "").partition(" ")
+    pidfd_open = getattr(os, "pidfd_open", None)
+    fd = None
+    if pid.isdigit() and pidfd_open is not None:
+        try:
+            fd = pidfd_open(int(pid))
+        except OSError:
+            fd = None
+    try:
+        # A pid reused by another process since torchrun's start would never tell us anything.
+        if fd is not None and proc_start_time(int(pid)) == start:
+            select.select([fd], [], [], seconds)
+        else:
+            time.sleep(min(seconds, 0.25))
+    finally:
+        if fd is not None:
+            os.close(fd)

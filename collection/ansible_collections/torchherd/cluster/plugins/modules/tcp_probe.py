@@ -100,15 +100,9 @@ served:
   sample: 3
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
-    Listener,
-    bind,
-    connect,
-)
+from ansible_collections.torchherd.cluster.plugins.module_utils._probe import probe
 
 
 def main():
@@ -126,24 +120,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    result = {"changed": False}
-    listener = None
-    if p["listen"]:
-        sock, error = bind(p["port"])
-        result["listening"] = sock is not None
-        if sock is None:
-            module.exit_json(reachable=False, served=0, seconds=0.0, error=error, **result)
-        listener = Listener(sock, p["token"], p["expect"], p["seconds"])
-        listener.start()
-    start = time.monotonic()
-    reachable, error, _sock = connect(p["host"], p["port"], p["token"], p["timeout"],
-                                      p["seconds"])
-    seconds = round(time.monotonic() - start, 3)
-    if listener is not None:
-        # The other nodes are still connecting: answer them until all came or time is up.
-        listener.join()
-        result["served"] = listener.served
-    module.exit_json(reachable=reachable, error=error, seconds=seconds, **result)
+    result, _held = probe(p["host"], p["port"], p["token"], p["timeout"], p["seconds"],
+                          listen=p["listen"], expect=p["expect"])
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

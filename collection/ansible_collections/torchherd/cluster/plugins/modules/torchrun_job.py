@@ -329,208 +329,64 @@ meta:
   sample: {host: node0, node_rank: 0}
 """
 
-import json
 import os
-import select
-import shutil
-import signal
-import subprocess
-import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._firewall_node import (
+from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
     RULE_OPTIONS,
-    apply_rules,
+    FirewallError,
+    Runner,
+    converge_rules,
 )
-from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
-    ABORT,
-    GO,
-    Listener,
-    bind,
-    connect,
-    wait_word,
-)
+from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
-    MARKER,
     job_pids,
+    last_line,
     load_json,
-    proc_start_time,
     read_state,
-    read_text,
     run_paths,
-    terminate,
-    write_atomic,
+    sleep_until_gone,
 )
-
-
-def torchrun_argv(p, paths):
-    python = p["python"] or sys.executable
-    argv = [python, "-m", "torch.distributed.run",
-            "--nnodes", p["nnodes"], "--nproc-per-node", str(p["nproc_per_node"]),
-            "--max-restarts", str(p["max_restarts"]),
-            # Per-rank stdout/stderr files plus a copy on torchrun's output, prefixed by rank.
-            "--log-dir", paths["torchrun_logs"], "--redirects", "3", "--tee", "3"]
-    if p["rdzv"] == "c10d":
-        argv += ["--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{p['master_addr']}:{p['master_port']}",
-                 "--rdzv-id", p["run_id"]]
-        if p["rdzv_conf"]:
-            argv += ["--rdzv-conf",
-                     ",".join(f"{k}={v}" for k, v in sorted(p["rdzv_conf"].items()))]
-    else:
-        argv += ["--node-rank", str(p["node_rank"]),
-                 "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
-    return list(p["wrapper"]) + argv + [p["script"]] + list(p["args"])
-
-
-def _last_line(path):
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 4096))
-            lines = [ln for ln in handle.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
-
-
-def _supervise(argv, env, cwd, paths, timeout, grace):
-    """Runs in the detached grandchild: start torchrun, wait, write the exit code."""
-    os.setsid()
-    write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    log = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-    os.dup2(devnull, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.closerange(3, 65536)
-    # From here stdout is the node log, no longer the module's result: the prints below go to the
-    # log, which is why pylint's ansible-bad-function (use module.log) is disabled on them.
-    code = 127
-    try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
-        write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
-        try:
-            code = proc.wait(timeout=timeout or None)
-        except subprocess.TimeoutExpired:
-            write_atomic(paths["timed_out"], f"{time.time()}\n")
-            print(f"torchherd: job timed out after {timeout} s; stopping it",  # pylint: disable=ansible-bad-function
-                  flush=True)
-            terminate(paths["dir"], proc.pid, grace)
-            code = proc.wait()
-    except OSError as exc:
-        print(f"torchherd: cannot start torchrun: {exc}", flush=True)  # pylint: disable=ansible-bad-function
-        write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
-    finally:
-        # ended_at first: whoever sees the exit code must find the end time too.
-        meta = load_json(paths["meta"], {})
-        meta["ended_at"] = time.time()
-        write_atomic(paths["meta"], json.dumps(meta))
-        write_atomic(paths["exit_code"], f"{code}\n")
-        os._exit(0)
-
-
-def barrier(p):
-    """Every node reaches the master port, or none starts: the probe result plus `go`."""
-    b = p["barrier"]
-    token = "torchherd-" + p["run_id"]
-    started = time.monotonic()
-    if b["listen"]:
-        sock, error = bind(p["master_port"])
-        if sock is None:
-            return {"go": False, "reachable": False, "error": error, "seconds": 0.0, "served": 0}
-        listener = Listener(sock, token, b["expect"], b["window"], hold=True)
-        listener.start()
-        reachable, error, _none = connect(p["master_addr"], p["master_port"], token,
-                                          b["timeout"], b["window"])
-        listener.join()
-        go = reachable and listener.served >= b["expect"]
-        listener.release(GO if go else ABORT)
-        return {"go": go, "reachable": reachable, "error": error, "served": listener.served,
-                "seconds": round(time.monotonic() - started, 3)}
-    reachable, error, conn = connect(p["master_addr"], p["master_port"], token, b["timeout"],
-                                     b["window"], keep=True)
-    go = False
-    if reachable:
-        go = wait_word(conn, b["window"] + b["timeout"] + 5) == GO
-        if not go:
-            error = (f"the start was called off: not every node reached "
-                     f"{p['master_addr']}:{p['master_port']} within {b['window']:g} s")
-    return {"go": go, "reachable": reachable, "error": error,
-            "seconds": round(time.monotonic() - started, 3)}
+from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop as stop_job
+from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
+    StartError,
+    check_start,
+    spawn,
+    torchrun_argv,
+)
 
 
 def start(module, p, paths):
-    current = read_state(paths)
-    if current["state"] != "absent":
-        module.fail_json(
-            msg=f"run {p['run_id']} already exists on this node (state {current['state']}, "
-                f"run dir {paths['dir']}); a run id starts once: stop it or choose another run id",
-            job_state=current["state"], run_dir=paths["dir"])
-    if not p["script"]:
-        module.fail_json(msg="script is required with state=started")
-    if p["wrapper"] and not shutil.which(p["wrapper"][0]):
-        module.fail_json(msg=f"wrapper: expected {p['wrapper'][0]} on this node's PATH, found "
-                             f"none; fix: install it, or give its absolute path")
+    check_start(p, paths)
     argv = torchrun_argv(p, paths)
     # The job's firewall rules before the barrier: a node reaches it only once its own rules
     # are in place, so no node starts before every node's firewall lets the others in.
     opened = {}
     if p["firewall"] is not None:
-        opened["firewall"] = apply_rules(module, dict(p["firewall"], state="present",
-                                                      run_id=p["run_id"]))
+        opened["firewall"] = converge_rules(Runner(module), dict(p["firewall"], state="present",
+                                                                 run_id=p["run_id"]))
     if module.check_mode:
         module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
                          run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
                          **opened)
     probe = None
     if p["barrier"]:
-        probe = barrier(p)
+        b = p["barrier"]
+        probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
+                        b["window"], listen=b["listen"], expect=b["expect"])
         if not probe.pop("go"):
             module.exit_json(changed=bool(opened and opened["firewall"]["changed"]), started=False,
                              job_state="absent", pid=None, exit_code=None, cmd=argv,
                              run_dir=paths["dir"], log=paths["log"], last_line="",
                              meta=p["meta"], probe=probe, **opened)
-    os.makedirs(paths["torchrun_logs"], exist_ok=True)
-    env = dict(os.environ)
-    # Ansible's own variables must not leak into the job.
-    for key in [k for k in env if k.startswith("ANSIBLE_")]:
-        del env[key]
-    if p["rdzv"] == "c10d":
-        # A fresh worker store per rendezvous round: see the rdzv option.
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    env.update({k: str(v) for k, v in p["env"].items()})
-    env.update({k: str(v) for k, v in p["secret_env"].items()})
-    env.update({MARKER: paths["dir"], "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1"})
-    shown = {k: str(v) for k, v in p["env"].items()}
-    shown.update({k: "********" for k in p["secret_env"]})
-    write_atomic(paths["cmd"], json.dumps(argv))
-    write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))
-    started_at = time.time()
-    meta = dict(p["meta"], started_at=started_at)
-    if p["wrapper"]:
-        meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop_wrapped)
-    write_atomic(paths["meta"], json.dumps(meta))
-
-    first = os.fork()
-    if first == 0:
-        # Double fork: the supervisor is re-parented to init and outlives this SSH session.
-        if os.fork() == 0:
-            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"])
-        os._exit(0)
-    os.waitpid(first, 0)
-    deadline = time.monotonic() + 10
-    while read_text(paths["pid"]) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    started_at = spawn(p, paths, argv, os.environ)
     state = read_state(paths)
     extra = dict(opened, probe=probe) if probe is not None else opened
     module.exit_json(changed=True, started=True, job_state=state["state"], pid=state["pid"],
                      exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],
-                     log=paths["log"], last_line=_last_line(paths["log"]),
+                     log=paths["log"], last_line=last_line(paths["log"]),
                      started_at=started_at, meta=p["meta"], **extra)
 
 
@@ -545,59 +401,17 @@ def report(module, paths, changed=False, **extra):
             pass
     module.exit_json(changed=changed, job_state=state["state"], pid=state["pid"],
                      exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
-                     last_line=_last_line(paths["log"]), meta=meta,
+                     last_line=last_line(paths["log"]), meta=meta,
                      started_at=meta.get("started_at"), ended_at=meta.get("ended_at"),
                      checked_at=time.time(), **extra)
 
 
-def _sleep_until_gone(paths, seconds):
-    """Sleep until torchrun (or its wrapper) exits, or for `seconds`.
-
-    A pidfd turns readable when the process exits, so a job watched for days costs the node
-    nothing; without one (Python 3.8, kernels before 5.3), or once the process is gone and the
-    supervisor is still writing the exit code, this sleeps a fraction of a second."""
-    pid, _sep, start = (read_text(paths["pid"]) or "").partition(" ")
-    pidfd_open = getattr(os, "pidfd_open", None)
-    fd = None
-    if pid.isdigit() and pidfd_open is not None:
-        try:
-            fd = pidfd_open(int(pid))
-        except OSError:
-            fd = None
-    try:
-        # A pid reused by another process since torchrun's start would never tell us anything.
-        if fd is not None and proc_start_time(int(pid)) == start:
-            select.select([fd], [], [], seconds)
-        else:
-            time.sleep(min(seconds, 0.25))
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-class _FirewallError(Exception):
-    pass
-
-
-class _Soft:
-    """The module, except that a failure raises _FirewallError instead of ending the call: a
-    rule that could not be removed must not hide the job's own state."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def fail_json(self, msg, **_kwargs):
-        raise _FirewallError(msg)
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-
 def close_firewall(module, p):
-    """Removes the run's rules (firewall_rules state=absent): what was removed, or the error."""
+    """Removes the run's rules (firewall_rules state=absent): what was removed, or the error,
+    since a rule that could not be removed must not hide the job's own state."""
     try:
-        return apply_rules(_Soft(module), dict(p["firewall"], state="absent", run_id=p["run_id"]))
-    except _FirewallError as exc:
+        return converge_rules(Runner(module), dict(p["firewall"], state="absent", run_id=p["run_id"]))
+    except FirewallError as exc:
         module.warn(f"the rules of run {p['run_id']} could not be removed here: {exc}")
         return {"changed": False, "error": str(exc)}
 
@@ -609,42 +423,12 @@ def wait(module, p, paths, timeout):
         state = read_state(paths)["state"]
         if left <= 0 or state != "running":
             break
-        _sleep_until_gone(paths, min(left, 30.0))
+        sleep_until_gone(paths, min(left, 30.0))
     # Once the job has ended here, its rules go in this same call (no teardown round trip).
     if p["firewall"] is not None and state != "running" and not module.check_mode:
         closed = close_firewall(module, p)
         report(module, paths, changed=closed["changed"], firewall=closed)
     report(module, paths)
-
-
-def _stop_wrapped(run_dir, wrapper_pid, grace):
-    """SIGTERM torchrun itself, then wait up to grace for it and its workers to end.
-
-    Under a wrapper, the pid is the wrapper's, and srun answers SIGTERM by killing its step
-    at once; torchrun runs outside the wrapper's process group (under slurmstepd), the only
-    process of the job whose parent is not one of the job's."""
-    def outside():
-        found = {}
-        for pid in job_pids(run_dir):
-            try:
-                if os.getpgid(pid) == wrapper_pid:
-                    continue
-                with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-                    found[pid] = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
-        return found
-
-    procs = outside()
-    for pid, parent in procs.items():
-        if parent not in procs:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and outside():
-        time.sleep(0.1)
 
 
 def stop(module, p, paths):
@@ -654,19 +438,7 @@ def stop(module, p, paths):
         report(module, paths, killed=[])
     if module.check_mode:
         report(module, paths, changed=True, killed=[])
-    write_atomic(paths["stopped"], f"{time.time()}\n")
-    if state["pid"] and load_json(paths["meta"], {}).get("wrapper"):
-        _stop_wrapped(paths["dir"], state["pid"], p["grace"])
-    killed = terminate(paths["dir"], state["pid"], p["grace"]) if state["pid"] else []
-    for pid in job_pids(paths["dir"]):
-        os.kill(pid, signal.SIGKILL)
-    # The supervisor writes the exit code once torchrun is reaped.
-    deadline = time.monotonic() + 5
-    while read_text(paths["exit_code"]) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if read_text(paths["exit_code"]) is None:
-        write_atomic(paths["exit_code"], f"{-signal.SIGKILL}\n")
-    report(module, paths, changed=True, killed=killed)
+    report(module, paths, changed=True, killed=stop_job(paths, state["pid"], p["grace"]))
 
 
 def main():
@@ -707,12 +479,17 @@ def main():
     )
     p = module.params
     paths = run_paths(p["root"], p["run_id"])
-    if p["state"] == "started":
-        start(module, p, paths)
-    elif p["state"] == "waiting":
-        wait(module, p, paths, p["wait_timeout"])
-    elif p["state"] == "stopped":
-        stop(module, p, paths)
+    try:
+        if p["state"] == "started":
+            start(module, p, paths)
+        elif p["state"] == "waiting":
+            wait(module, p, paths, p["wait_timeout"])
+        elif p["state"] == "stopped":
+            stop(module, p, paths)
+    except StartError as exc:
+        module.fail_json(msg=str(exc), **exc.result)
+    except FirewallError as exc:  # the start's rules could not be opened: nothing started
+        module.fail_json(msg=exc.msg, **exc.details)
     report(module, paths)
 
 

@@ -1,0 +1,69 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Stopping a job on one node so that nothing of it remains: SIGTERM, a grace period, then
+SIGKILL to every process that carries the run's marker (see _rundir)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    job_pids,
+    load_json,
+    read_text,
+    terminate,
+    write_atomic,
+)
+
+
+def stop(paths, pid, grace):
+    """Ends the job whose torchrun (or wrapper) is `pid` (None if it never started); returns
+    the pids that needed SIGKILL."""
+    write_atomic(paths["stopped"], f"{time.time()}\n")
+    if pid and load_json(paths["meta"], {}).get("wrapper"):
+        _stop_wrapped(paths["dir"], pid, grace)
+    killed = terminate(paths["dir"], pid, grace) if pid else []
+    for left in job_pids(paths["dir"]):
+        try:
+            os.kill(left, signal.SIGKILL)
+        except ProcessLookupError:  # ended between the listing and the kill
+            pass
+    # The supervisor writes the exit code once torchrun is reaped.
+    deadline = time.monotonic() + 5
+    while read_text(paths["exit_code"]) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if read_text(paths["exit_code"]) is None:
+        write_atomic(paths["exit_code"], f"{-signal.SIGKILL}\n")
+    return killed
+
+
+def _stop_wrapped(run_dir, wrapper_pid, grace):
+    """SIGTERM torchrun itself, then wait up to grace for it and its workers to end.
+
+    Under a wrapper, the pid is the wrapper's, and srun answers SIGTERM by killing its step
+    at once; torchrun runs outside the wrapper's process group (under slurmstepd), the only
+    process of the job whose parent is not one of the job's."""
+    def outside():
+        found = {}
+        for pid in job_pids(run_dir):
+            try:
+                if os.getpgid(pid) == wrapper_pid:
+                    continue
+                with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+                    found[pid] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+        return found
+
+    procs = outside()
+    for pid, parent in procs.items():
+        if parent not in procs:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and outside():
+        time.sleep(0.1)

@@ -1,0 +1,148 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Starting a job on one node: torchrun's command line and environment, and the detached
+supervisor that runs it and writes the run directory (see _rundir) as the job goes.
+
+Takes the torchrun_job module's parameters as they are (p)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    MARKER,
+    load_json,
+    proc_start_time,
+    read_state,
+    read_text,
+    terminate,
+    write_atomic,
+)
+
+
+class StartError(Exception):
+    """Why the job cannot start here; `result` holds the fields that tell what is there."""
+
+    def __init__(self, msg, **result):
+        super().__init__(msg)
+        self.result = result
+
+
+def check_start(p, paths):
+    """Raises StartError unless the job can start here."""
+    current = read_state(paths)
+    if current["state"] != "absent":
+        raise StartError(
+            f"run {p['run_id']} already exists on this node (state {current['state']}, "
+            f"run dir {paths['dir']}); a run id starts once: stop it or choose another run id",
+            job_state=current["state"], run_dir=paths["dir"])
+    if not p["script"]:
+        raise StartError("script is required with state=started")
+    if p["wrapper"] and not shutil.which(p["wrapper"][0]):
+        raise StartError(f"wrapper: expected {p['wrapper'][0]} on this node's PATH, found "
+                         f"none; fix: install it, or give its absolute path")
+
+
+def torchrun_argv(p, paths):
+    python = p["python"] or sys.executable
+    argv = [python, "-m", "torch.distributed.run",
+            "--nnodes", p["nnodes"], "--nproc-per-node", str(p["nproc_per_node"]),
+            "--max-restarts", str(p["max_restarts"]),
+            # Per-rank stdout/stderr files plus a copy on torchrun's output, prefixed by rank.
+            "--log-dir", paths["torchrun_logs"], "--redirects", "3", "--tee", "3"]
+    if p["rdzv"] == "c10d":
+        argv += ["--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"{p['master_addr']}:{p['master_port']}",
+                 "--rdzv-id", p["run_id"]]
+        if p["rdzv_conf"]:
+            argv += ["--rdzv-conf",
+                     ",".join(f"{k}={v}" for k, v in sorted(p["rdzv_conf"].items()))]
+    else:
+        argv += ["--node-rank", str(p["node_rank"]),
+                 "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
+    return list(p["wrapper"]) + argv + [p["script"]] + list(p["args"])
+
+
+def job_env(p, run_dir, environ):
+    """(environment of the job, the same as written to env.json with secret values redacted)."""
+    env = dict(environ)
+    # Ansible's own variables must not leak into the job.
+    for key in [k for k in env if k.startswith("ANSIBLE_")]:
+        del env[key]
+    if p["rdzv"] == "c10d":
+        # A fresh worker store per rendezvous round: see the module's rdzv option.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env.update({k: str(v) for k, v in p["env"].items()})
+    env.update({k: str(v) for k, v in p["secret_env"].items()})
+    env.update({MARKER: run_dir, "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1"})
+    shown = {k: str(v) for k, v in p["env"].items()}
+    shown.update({k: "********" for k in p["secret_env"]})
+    return env, shown
+
+
+def spawn(p, paths, argv, environ):
+    """Writes the run directory and starts torchrun under a detached supervisor; returns the
+    start time once torchrun's pid is written (or 10 s have passed)."""
+    os.makedirs(paths["torchrun_logs"], exist_ok=True)
+    env, shown = job_env(p, paths["dir"], environ)
+    write_atomic(paths["cmd"], json.dumps(argv))
+    write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))
+    started_at = time.time()
+    meta = dict(p["meta"], started_at=started_at)
+    if p["wrapper"]:
+        meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop)
+    write_atomic(paths["meta"], json.dumps(meta))
+
+    first = os.fork()
+    if first == 0:
+        # Double fork: the supervisor is re-parented to init and outlives this SSH session.
+        if os.fork() == 0:
+            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"])
+        os._exit(0)
+    os.waitpid(first, 0)
+    deadline = time.monotonic() + 10
+    while read_text(paths["pid"]) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return started_at
+
+
+def _supervise(argv, env, cwd, paths, timeout, grace):
+    """Runs in the detached grandchild: start torchrun, wait, write the exit code."""
+    os.setsid()
+    write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.closerange(3, 65536)
+    # From here stdout is the node log, no longer the module's result: the prints below go to the
+    # log, which is why pylint's ansible-bad-function (use module.log) is disabled on them.
+    code = 127
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
+        write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
+        try:
+            code = proc.wait(timeout=timeout or None)
+        except subprocess.TimeoutExpired:
+            write_atomic(paths["timed_out"], f"{time.time()}\n")
+            print(f"torchherd: job timed out after {timeout} s; stopping it",  # pylint: disable=ansible-bad-function
+                  flush=True)
+            terminate(paths["dir"], proc.pid, grace)
+            code = proc.wait()
+    except OSError as exc:
+        print(f"torchherd: cannot start torchrun: {exc}", flush=True)  # pylint: disable=ansible-bad-function
+        write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
+    finally:
+        # ended_at first: whoever sees the exit code must find the end time too.
+        meta = load_json(paths["meta"], {})
+        meta["ended_at"] = time.time()
+        write_atomic(paths["meta"], json.dumps(meta))
+        write_atomic(paths["exit_code"], f"{code}\n")
+        os._exit(0)

@@ -1,0 +1,203 @@
+"""torchrun's command line and environment, and the detached supervisor and the stop over real
+processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    MARKER,
+    job_pids,
+    read_state,
+    run_paths,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
+from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
+    StartError,
+    check_start,
+    job_env,
+    spawn,
+    torchrun_argv,
+)
+
+# The torchrun_job module's parameters with their defaults, as AnsibleModule hands them over.
+DEFAULTS = {
+    "run_id": "r1", "python": "", "script": "train.py", "args": [], "chdir": None,
+    "nnodes": "1", "nproc_per_node": 1, "node_rank": 0, "master_addr": "127.0.0.1",
+    "master_port": 29500, "rdzv": "static", "max_restarts": 0, "rdzv_conf": {}, "env": {},
+    "secret_env": {}, "timeout": 0, "grace": 10, "meta": {}, "wrapper": [],
+}
+
+
+def params(**changes):
+    return dict(DEFAULTS, **changes)
+
+
+def test_static_rendezvous_passes_this_nodes_rank_and_the_master():
+    paths = run_paths("/srv/th", "r1")
+    argv = torchrun_argv(params(python="/opt/venv/bin/python", nnodes="2", nproc_per_node=4,
+                                node_rank=1, master_addr="10.0.0.1", master_port=29400),
+                         paths)
+    assert argv == [
+        "/opt/venv/bin/python", "-m", "torch.distributed.run",
+        "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0",
+        "--log-dir", "/srv/th/runs/r1/torchrun", "--redirects", "3", "--tee", "3",
+        "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400",
+        "train.py"]
+
+
+def test_c10d_rendezvous_names_the_endpoint_and_run_with_sorted_settings():
+    argv = torchrun_argv(params(nnodes="2:4", rdzv="c10d", max_restarts=3,
+                                rdzv_conf={"timeout": 60, "join_timeout": 30},
+                                master_addr="node0", master_port=29501),
+                         run_paths("/srv/th", "r1"))
+    assert argv[0] == sys.executable
+    assert argv[argv.index("--nnodes") + 1] == "2:4"
+    assert argv[argv.index("--max-restarts") + 1] == "3"
+    assert argv[argv.index("--rdzv-backend"):] == [
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29501", "--rdzv-id", "r1",
+        "--rdzv-conf", "join_timeout=30,timeout=60", "train.py"]
+    assert "--node-rank" not in argv and "--master-addr" not in argv
+
+
+def test_c10d_without_settings_has_no_rdzv_conf():
+    argv = torchrun_argv(params(rdzv="c10d"), run_paths("/srv/th", "r1"))
+    assert "--rdzv-conf" not in argv
+
+
+def test_a_wrapper_comes_first_and_script_args_stay_a_list_untouched():
+    args = ["--name", "two words", "$HOME; rm -rf /", "'quoted'", "a|b"]
+    argv = torchrun_argv(params(wrapper=["srun", "--jobid=42", "--overlap"], args=args),
+                         run_paths("/srv/th", "r1"))
+    assert argv[:4] == ["srun", "--jobid=42", "--overlap", sys.executable]
+    assert argv[-6:] == ["train.py", *args]
+
+
+def test_numbers_become_strings():
+    argv = torchrun_argv(params(nproc_per_node=8, max_restarts=2), run_paths("/srv/th", "r1"))
+    assert all(isinstance(arg, str) for arg in argv)
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"
+
+
+def test_the_job_environment_drops_ansible_and_redacts_secrets_in_what_is_shown():
+    base = {"PATH": "/usr/bin", "ANSIBLE_MODULE_ARGS": "{}", "ANSIBLE_ASYNC_DIR": "/x"}
+    env, shown = job_env(params(env={"OMP_NUM_THREADS": 2}, secret_env={"WANDB_API_KEY": "s3"}),
+                         "/srv/th/runs/r1", base)
+    assert not [key for key in env if key.startswith("ANSIBLE_")]
+    assert env["PATH"] == "/usr/bin" and env["OMP_NUM_THREADS"] == "2"
+    assert env["WANDB_API_KEY"] == "s3"
+    assert env[MARKER] == "/srv/th/runs/r1" and env["TORCHHERD_RUN_ID"] == "r1"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env  # static rendezvous
+    assert shown == {"OMP_NUM_THREADS": "2", "WANDB_API_KEY": "********"}
+    assert base == {"PATH": "/usr/bin", "ANSIBLE_MODULE_ARGS": "{}", "ANSIBLE_ASYNC_DIR": "/x"}
+
+
+def test_c10d_gets_an_unshared_store_unless_env_sets_it():
+    env, _shown = job_env(params(rdzv="c10d"), "/d", {})
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    env, _shown = job_env(params(rdzv="c10d", env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}),
+                          "/d", {})
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
+
+
+def test_a_run_id_starts_once_and_needs_a_script_and_its_wrapper(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    with pytest.raises(StartError, match="script is required"):
+        check_start(params(script=None), paths)
+    with pytest.raises(StartError, match="expected no-such-srun on this node's PATH"):
+        check_start(params(wrapper=["no-such-srun"]), paths)
+    check_start(params(wrapper=[sys.executable]), paths)
+    os.makedirs(paths["dir"])
+    with open(paths["pid"], "w", encoding="utf-8") as handle:
+        handle.write(f"{os.getpid()} 1")
+    with open(paths["exit_code"], "w", encoding="utf-8") as handle:
+        handle.write("0\n")
+    with pytest.raises(StartError, match="already exists") as raised:
+        check_start(params(), paths)
+    assert raised.value.result == {"job_state": "succeeded", "run_dir": paths["dir"]}
+
+
+def ended(paths, seconds=20):
+    deadline = time.monotonic() + seconds
+    while read_state(paths)["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return read_state(paths)
+
+
+def python(code):
+    return [sys.executable, "-c", code]
+
+
+def test_the_supervisor_runs_the_job_detached_and_writes_the_run_directory(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    p = params(env={"GREETING": "hello"}, secret_env={"TOKEN": "s3cr3t"},
+               meta={"host": "node0"}, chdir=str(tmp_path))
+    show = ("import os; print(os.environ['GREETING'], os.environ['TOKEN'], "
+            f"os.environ['{MARKER}'], os.getcwd()); raise SystemExit(3)")
+    started_at = spawn(p, paths, python(show), {"PATH": os.environ["PATH"]})
+    state = ended(paths)
+    assert (state["state"], state["exit_code"]) == ("failed", 3)
+    assert log_text(paths).split() == ["hello", "s3cr3t", paths["dir"], str(tmp_path)]
+    with open(paths["env"], encoding="utf-8") as handle:
+        written = handle.read()
+    assert "s3cr3t" not in written
+    assert json.loads(written) == {"GREETING": "hello", "TOKEN": "********"}
+    with open(paths["cmd"], encoding="utf-8") as handle:
+        assert json.load(handle) == python(show)
+    with open(paths["meta"], encoding="utf-8") as handle:
+        meta = json.load(handle)
+    assert meta["host"] == "node0" and meta["started_at"] == started_at
+    assert meta["ended_at"] >= started_at
+
+
+def print_to_fd_1(monkeypatch):
+    """The supervisor prints to the node log on fd 1, as under Ansible, not to pytest's capture
+    (whose file it closes); set in the test itself, since pytest sets its own after fixtures."""
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+
+
+def log_text(paths):
+    with open(paths["log"], encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_the_supervisor_stops_a_job_past_its_timeout(tmp_path, monkeypatch):
+    print_to_fd_1(monkeypatch)
+    paths = run_paths(str(tmp_path), "r1")
+    spawn(params(timeout=1, grace=2), paths, python("import time; time.sleep(60)"), {})
+    state = ended(paths)
+    assert state["state"] == "timed_out" and state["exit_code"] == -15
+    assert "job timed out after 1 s" in log_text(paths)
+    assert not job_pids(paths["dir"])
+
+
+def test_a_command_that_cannot_start_fails_with_127_and_says_why(tmp_path, monkeypatch):
+    print_to_fd_1(monkeypatch)
+    paths = run_paths(str(tmp_path), "r1")
+    spawn(params(), paths, [str(tmp_path / "no-such-python")], {})
+    state = ended(paths)
+    assert (state["state"], state["exit_code"]) == ("failed", 127)
+    assert "cannot start torchrun" in log_text(paths)
+
+
+def test_stop_leaves_no_process_of_the_job(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    # A worker that ignores SIGTERM in a session of its own, as torchrun's workers are.
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    stubborn = (deaf + "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                f"'{deaf}time.sleep(60)'], start_new_session=True); time.sleep(60)")
+    spawn(params(), paths, python(stubborn), {})
+    deadline = time.monotonic() + 10
+    while len(job_pids(paths["dir"])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = read_state(paths)["pid"]
+    killed = stop(paths, pid, 0.5)
+    assert len(killed) == 2
+    assert not job_pids(paths["dir"])
+    assert ended(paths)["state"] == "stopped"
