@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from driver.paths import job_spec_file
 from driver.result import UsageError
@@ -19,59 +20,28 @@ class JobSpecError(UsageError):
     """A job spec that cannot run: names the key, the expected type and what was found."""
 
 
-_PY_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,), "int": (int,), "bool": (bool,), "list": (list,), "dict": (dict,),
-    "float": (int, float),
-}
-
-
-_BOOLS = {"true": True, "yes": True, "false": False, "no": False}
-
-
 def job_options() -> dict[str, dict[str, Any]]:
     """Every job key with its type, default, choices and description."""
+    return _role_spec()["torchherd_job"]["options"]
+
+
+def _role_spec() -> dict[str, Any]:
     spec = yaml.safe_load(job_spec_file().read_text(encoding="utf-8"))
-    return spec["argument_specs"]["main"]["options"]["torchherd_job"]["options"]
-
-
-def _check_type(key: str, value: Any, opt: dict[str, Any]) -> Any:
-    kind = opt.get("type", "str")
-    if kind == "raw" or value is None:
-        return value
-    if kind == "int" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if kind == "bool" and isinstance(value, str) and value.lower() in _BOOLS:
-        value = _BOOLS[value.lower()]
-    ok = isinstance(value, _PY_TYPES[kind]) and not (kind == "int" and isinstance(value, bool))
-    if not ok:
-        raise JobSpecError(f"job key '{key}': expected {kind}, found "
-                           f"{type(value).__name__} {value!r}")
-    if kind == "list" and opt.get("elements") == "str":
-        bad = [v for v in value if not isinstance(v, (str, int, float)) or isinstance(v, bool)]
-        if bad:
-            raise JobSpecError(f"job key '{key}': expected a list of strings, found {bad[0]!r}")
-        value = [str(v) for v in value]
-    if opt.get("choices") and value not in opt["choices"]:
-        raise JobSpecError(f"job key '{key}': expected one of {opt['choices']}, found {value!r}")
-    return value
+    return spec["argument_specs"]["main"]["options"]
 
 
 def validate(job: dict[str, Any]) -> dict[str, Any]:
-    """Check keys and types; return the job with defaults filled in."""
-    options = job_options()
-    unknown = sorted(set(job) - set(options))
-    if unknown:
-        raise JobSpecError(f"job key '{unknown[0]}': unknown; known keys: "
-                           f"{', '.join(sorted(options))}")
-    out: dict[str, Any] = {}
-    for key, opt in options.items():
-        if key in job and job[key] is not None:
-            out[key] = _check_type(key, job[key], opt)
-        elif opt.get("required"):
-            raise JobSpecError(f"job key '{key}': required ({opt.get('description', '')})")
-        else:
-            out[key] = opt.get("default")
-    return out
+    """Check the job as the plan role's argument validation does (ansible-core's own validator,
+    so the same coercions, such as ``firewall: on``, and the same messages); return it coerced,
+    with defaults filled in."""
+    result = ArgumentSpecValidator(_role_spec()).validate({"torchherd_job": job})
+    if result.error_messages:
+        # All but the fix is what ansible-playbook says for the same job, word for word.
+        raise JobSpecError("Validation of arguments failed:\n"
+                           + "\n".join(result.error_messages)
+                           + "\nfix: correct these keys of the job spec "
+                             "(`torchherd launch --help` lists every key with its type)")
+    return result.validated_parameters["torchherd_job"]
 
 
 def read_job_file(path: str | Path) -> dict[str, Any]:

@@ -37,8 +37,10 @@ def test_job_file_with_flags_adding_variables(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv,expected", [
     (["--", "t.py", "--master-port"], None),  # script args are the script's
-    (["--master-port", "abc", "--", "t.py"], "job key 'master_port': expected int"),
-    (["--rdzv", "etcd", "--", "t.py"], "job key 'rdzv': expected one of"),
+    (["--master-port", "abc", "--", "t.py"],
+     "argument 'master_port' is of type str found in 'torchherd_job'. and we were unable to "
+     "convert to int"),
+    (["--rdzv", "etcd", "--", "t.py"], "value of rdzv must be one of: static, c10d, got: etcd"),
     (["-e", "NOEQUALS", "--", "t.py"], "--env 'NOEQUALS': expected KEY=VALUE"),
     (["--secret-env", "TORCHHERD_UNSET_VAR", "--", "t.py"], "expected TORCHHERD_UNSET_VAR in"),
     ([], "job key 'script': required"),
@@ -57,7 +59,8 @@ def test_usage_errors_exit_2_before_ansible(capsys, tmp_path):
         cli.main(["launch", "-i", "inv", "--nproc", "2", "--", "t.py"])
     assert exc.value.code == 2
     assert cli.main(["launch", "-i", "inv", "--timeout", "soon", "--", "t.py"]) == Exit.USAGE
-    assert "job key 'timeout': expected int, found str 'soon'" in capsys.readouterr().err
+    assert ("argument 'timeout' is of type str found in 'torchherd_job'. and we were unable to "
+            "convert to int" in capsys.readouterr().err)
     assert cli.main(["status", "nope", "--runs-dir", str(tmp_path)]) == Exit.USAGE
     assert "run nope: expected" in capsys.readouterr().err
 

@@ -1,7 +1,7 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchherd.cluster.plugins.filter.plan import job_defaults, plan
+from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec, plan
 from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
 
 GROUPS = {"torchherd_nodes": ["a", "b", "c"], "other": ["x"]}
@@ -13,9 +13,9 @@ HOSTVARS = {
 }
 
 
-def run(groups=GROUPS, hostvars=HOSTVARS, **job):
+def run(groups=GROUPS, hostvars=HOSTVARS, generated="", **job):
     job.setdefault("script", "train.py")
-    return plan(job, groups, hostvars)
+    return plan(job, groups, hostvars, run_id=generated)
 
 
 def fails(match, **kwargs):
@@ -43,7 +43,7 @@ def test_defaults_come_from_the_argument_spec():
     assert p["job"]["rdzv"] == "static"
     assert p["nproc_per_node"] == "auto" and p["world_size"] is None
     assert p["job"]["name"] == "train"
-    assert set(job_defaults()) <= set(p["job"])
+    assert set(p["job"]) == set(job_spec()["torchherd_job"]["options"])
 
 
 def test_named_master_and_address_override():
@@ -89,9 +89,20 @@ def test_two_hosts_with_the_same_address():
     assert "ansible_host" in msg
 
 
-@pytest.mark.parametrize("port", [0, -1, 65536, 70000, "http", "29500x", True, 1.5])
+@pytest.mark.parametrize("port", [0, -1, 65536, 70000, "70000"])
 def test_port_out_of_range(port):
     fails("job.master_port: expected an integer in 1..65535", master_port=port)
+
+
+@pytest.mark.parametrize("port", ["http", "29500x", 1.5])
+def test_port_not_an_integer_is_refused_in_ansibles_words(port):
+    fails(r"Validation of arguments failed:\nargument 'master_port' is of type", master_port=port)
+
+
+def test_a_job_that_skipped_role_validation_is_refused_not_crashed_on():
+    fails(r"Validation of arguments failed:\n.*\ntorchherd_job\.nproc\. Supported parameters",
+          nproc=2, firewall="maybe")
+    fails("missing required arguments: script", script=None)
 
 
 @pytest.mark.parametrize("port", [1, 1024, 65535, "29501"])
@@ -156,3 +167,65 @@ def test_firewall_ports_mode_needs_ports():
     assert pinned["job"]["firewall_ports"] == ["50000-50999"]
     assert run(firewall_mode="ports", firewall=False)
     assert run(groups={"torchherd_nodes": ["a"]}, firewall_mode="ports")
+
+
+def test_run_id_argument_unless_the_job_names_one():
+    assert run(generated="20250101-120000-0a1b")["run_id"] == "20250101-120000-0a1b"
+    assert run(generated="20250101-120000-0a1b", run_id="mine")["run_id"] == "mine"
+    assert run()["run_id"] == ""
+    fails("job.run_id: expected letters", generated="../x")
+
+
+def test_derived_values_per_node():
+    hv = dict(HOSTVARS, a=dict(HOSTVARS["a"], torchherd_root="/scratch/th",
+                               ansible_python_interpreter="/usr/bin/python3"))
+    a, b, c = run(hostvars=hv, name="exp")["nodes"]
+    assert (a["root"], a["code_dir"], a["python"]) == (
+        "/scratch/th", "/scratch/th/code/exp", "/usr/bin/python3")
+    assert (b["root"], b["code_dir"], b["python"]) == ("~/.torchherd", "~/.torchherd/code/exp", "")
+    assert a["firewall"] == {"enabled": True, "mode": "members", "ports": ["29500"],
+                             "peers": ["10.0.0.2", "10.0.1.3"], "backend": "auto",
+                             "persistent": False, "become": True}
+    assert b["firewall"]["ports"] == [] and b["firewall"]["peers"] == ["10.0.0.1", "10.0.1.3"]
+
+
+def test_the_jobs_python_and_code_dest_win_over_the_hosts():
+    hv = dict(HOSTVARS, a=dict(HOSTVARS["a"], ansible_python_interpreter="/usr/bin/python3"))
+    node = run(hostvars=hv, python="/opt/venv/bin/python", code_dest="/srv/code")["nodes"][0]
+    assert (node["python"], node["code_dir"]) == ("/opt/venv/bin/python", "/srv/code")
+
+
+def test_job_firewall_values_coerced_as_ansible_does():
+    nodes = run(firewall="off", firewall_persistent="yes", firewall_mode="ports",
+                firewall_ports=[50000, "51000-51999"], master="b")["nodes"]
+    assert [n["firewall"]["enabled"] for n in nodes] == [False, False, False]
+    assert nodes[0]["firewall"]["persistent"] is True
+    assert nodes[0]["firewall"]["ports"] == ["50000", "51000-51999"]
+    assert nodes[1]["firewall"]["ports"] == ["29500", "50000", "51000-51999"]
+
+
+def test_host_firewall_settings_from_an_ini_inventory_are_coerced():
+    # An INI inventory gives every value as a string.
+    hv = dict(HOSTVARS, b=dict(HOSTVARS["b"], torchherd_firewall_enabled="false",
+                               torchherd_firewall_persistent="1", torchherd_firewall_become="no",
+                               torchherd_firewall_backend="ufw", torchherd_firewall_mode="ports",
+                               torchherd_firewall_ports="50000-50999,52000"))
+    a, b, _ = run(hostvars=hv, firewall_ports=["60000"])["nodes"]
+    assert b["firewall"] == {"enabled": False, "mode": "ports", "ports": ["50000-50999", "52000"],
+                             "peers": ["10.0.0.1", "10.0.1.3"], "backend": "ufw",
+                             "persistent": True, "become": False}
+    assert a["firewall"]["enabled"] is True and a["firewall"]["ports"] == ["29500", "60000"]
+
+
+def test_host_firewall_setting_that_is_no_boolean_is_named():
+    hv = dict(HOSTVARS, c=dict(HOSTVARS["c"], torchherd_firewall_enabled="maybe"))
+    msg = fails("host c: torchherd_firewall_enabled: The value 'maybe' is not a valid boolean",
+                hostvars=hv)
+    assert "fix: correct it in the inventory" in msg
+
+
+def test_a_host_in_mode_ports_needs_ports_too():
+    hv = dict(HOSTVARS, c=dict(HOSTVARS["c"], torchherd_firewall_mode="ports"))
+    fails("job.firewall_ports: expected the ports gloo and NCCL use", hostvars=hv)
+    hv["c"]["torchherd_firewall_ports"] = ["50000-50999"]
+    assert run(hostvars=hv)["nodes"][2]["firewall"]["ports"] == ["50000-50999"]

@@ -11,12 +11,15 @@ version_added: 0.1.0
 short_description: Compute a torchrun launch plan from the node group and a job
 description:
   - Turns the node group of the inventory into node_rank (inventory order), nnodes,
-    nproc_per_node, world size, master address and port.
-  - Applies the job defaults of the role argument spec C(torchherd.cluster.plan), so the
-    playbooks and the driver share one definition of the job.
+    nproc_per_node, world size, master address and port, and derives every per-node value the
+    later phases use (root, code directory, Python, firewall settings), so that play vars only
+    pass the plan on.
+  - Takes the job through the validator of the role argument spec C(torchherd.cluster.plan)
+    (ansible-core's C(ArgumentSpecValidator)), as the role and the driver do, so that all three
+    coerce the same way and fill in the same defaults from one definition of the job.
   - Fails with one message listing every problem (empty group, host listed twice, two hosts with
     one address, port out of range, bad nproc_per_node, unknown master) before any node is touched.
-positional: _input, groups, hostvars
+positional: _input, groups, hostvars, run_id
 options:
   _input:
     description: The job (C(torchherd_job)).
@@ -27,15 +30,24 @@ options:
     type: dict
     required: true
   hostvars:
-    description: The inventory's C(hostvars); C(torchherd_address), else C(ansible_host), else the name gives a node's address.
+    description:
+      - The inventory's C(hostvars); C(torchherd_address), else C(ansible_host), else the name
+        gives a node's address.
+      - A node's C(torchherd_root), C(ansible_python_interpreter) and C(torchherd_firewall_*)
+        variables set its own values; strings from an INI inventory are coerced as Ansible
+        coerces booleans and lists.
     type: dict
     required: true
+  run_id:
+    description: Run id for a job that names none (the role generates it); the job's own wins.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
 - name: Compute the plan
   ansible.builtin.set_fact:
-    torchherd_plan: "{{ torchherd_job | torchherd.cluster.plan(groups, hostvars) }}"
+    torchherd_plan: "{{ torchherd_job | torchherd.cluster.plan(groups, hostvars, run_id='20250101-120000-0a1b') }}"
 """
 
 RETURN = r"""
@@ -43,13 +55,70 @@ _value:
   description: The plan.
   type: dict
   contains:
+    run_id:
+      description: The job's run id, else the O(run_id) argument.
+      type: str
+      sample: 20250101-120000-0a1b
     job:
-      description: The job with every default filled in.
+      description: The job, coerced as the argument spec says, with every default filled in.
       type: dict
     nodes:
-      description: One entry per node in rank order, with C(host), C(address), C(node_rank).
+      description: One entry per node, in rank order.
       type: list
       elements: dict
+      contains:
+        host:
+          description: Inventory hostname.
+          type: str
+          sample: node0
+        address:
+          description: Address the other nodes reach it at.
+          type: str
+          sample: 10.0.0.1
+        node_rank:
+          description: torchrun's C(--node-rank).
+          type: int
+          sample: 0
+        root:
+          description: The node's C(torchherd_root), default C(~/.torchherd).
+          type: str
+          sample: ~/.torchherd
+        code_dir:
+          description: Where the code goes on the node, the job's C(code_dest) or C(<root>/code/<name>); may start with C(~).
+          type: str
+          sample: ~/.torchherd/code/train
+        python:
+          description: The job's C(python), else the node's C(ansible_python_interpreter), else empty.
+          type: str
+          sample: /opt/venv/bin/python
+        firewall:
+          description: The node's firewall settings, the job's unless the node sets C(torchherd_firewall_*) itself.
+          type: dict
+          contains:
+            enabled:
+              description: Whether the launch changes this node's firewall.
+              type: bool
+            mode:
+              description: C(members) or C(ports).
+              type: str
+            ports:
+              description: TCP ports and ranges let in with mode C(ports), the master port first on the master.
+              type: list
+              elements: str
+              sample: ["29500", "50000-50999"]
+            peers:
+              description: Addresses of the job's other nodes.
+              type: list
+              elements: str
+            backend:
+              description: The node's C(torchherd_firewall_backend), default C(auto).
+              type: str
+            persistent:
+              description: Keep the rules across a reboot until teardown.
+              type: bool
+            become:
+              description: Whether changing the firewall uses become (C(torchherd_firewall_become), default true).
+              type: bool
     nnodes:
       description: Number of nodes (C(MIN:MAX) for elastic jobs).
       type: str
@@ -69,6 +138,9 @@ import re
 
 import yaml
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.validation import check_type_list
+from ansible.module_utils.parsing.convert_bool import boolean
 
 SPEC_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -76,18 +148,37 @@ SPEC_PATH = os.path.join(
 )
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NNODES = re.compile(r"^(\d+):(\d+)$")
+DEFAULT_ROOT = "~/.torchherd"
 
 
-def job_defaults(spec_path=SPEC_PATH):
-    """Defaults of every job key, read from the role argument spec (the one definition)."""
-    with open(spec_path, encoding="utf-8") as handle:
+def job_spec():
+    """The C(main) options of the plan role's argument spec (the one definition)."""
+    with open(SPEC_PATH, encoding="utf-8") as handle:
         spec = yaml.safe_load(handle)
-    options = spec["argument_specs"]["main"]["options"]["torchherd_job"]["options"]
-    return {key: opt.get("default") for key, opt in options.items() if not opt.get("required")}
+    return spec["argument_specs"]["main"]["options"]
 
 
-def _address(name, hostvars):
-    hv = hostvars.get(name, {})
+def normalize(job):
+    """The job as the role's argument validation sees it, coerced and with defaults.
+
+    Role validation checks the job but hands the plan the raw values (C(firewall: "off") is a
+    true string), so the plan runs the same validator to take the coerced ones. It also refuses,
+    with Ansible's own words, a job that skipped validation (rolespec_validate false)."""
+    given = {k: v for k, v in job.items() if v is not None}
+    result = ArgumentSpecValidator(job_spec()).validate({"torchherd_job": given})
+    if result.error_messages:
+        raise AnsibleFilterError("torchherd plan: Validation of arguments failed:\n"
+                                 + "\n".join(result.error_messages))
+    return result.validated_parameters["torchherd_job"]
+
+
+def _vars(name, hostvars):
+    """The node's variables; read through the hostvars mapping, which templates on access."""
+    # Not hostvars.get(): Ansible's hostvars answers an unknown host with an undefined marker.
+    return hostvars[name] if name in hostvars else {}  # noqa: SIM401
+
+
+def _address(hv, name):
     for key in ("torchherd_address", "ansible_host"):
         value = hv.get(key)
         if value:
@@ -110,24 +201,45 @@ def _nproc(value):
     return None
 
 
-def _port(value):
-    if isinstance(value, bool):
-        return None
+def _host_setting(name, hv, key, default, coerce, problems):
+    """A host's own setting of a firewall variable, coerced as Ansible coerces its options:
+    an INI inventory gives every value as a string ("false", "1", "50000-50999")."""
+    if hv.get(key) is None:
+        return default
     try:
-        port = int(value)
-    except (TypeError, ValueError):
-        return None
-    return port if 1 <= port <= 65535 and str(port) == str(value).strip() else None
+        return coerce(hv[key])
+    except TypeError as exc:
+        problems.append(f"host {name}: {key}: {exc}; fix: correct it in the inventory")
+        return default
 
 
-def plan(job, groups, hostvars):
-    """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem."""
+def _firewall(name, hv, job, addresses, master, port, problems):
+    """One node's firewall settings: the job's, unless the host sets its own."""
+    ports = _host_setting(name, hv, "torchherd_firewall_ports", job["firewall_ports"],
+                          check_type_list, problems)
+    return {
+        "enabled": _host_setting(name, hv, "torchherd_firewall_enabled", job["firewall"],
+                                 boolean, problems),
+        "mode": str(hv.get("torchherd_firewall_mode") or job["firewall_mode"]),
+        "ports": ([str(port)] if name == master else []) + [str(p) for p in ports],
+        "peers": [addr for host, addr in addresses.items() if host != name],
+        "backend": str(hv.get("torchherd_firewall_backend") or "auto"),
+        "persistent": _host_setting(name, hv, "torchherd_firewall_persistent",
+                                    job["firewall_persistent"], boolean, problems),
+        "become": _host_setting(name, hv, "torchherd_firewall_become", True, boolean, problems),
+    }
+
+
+def plan(job, groups, hostvars, run_id=""):
+    """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem.
+
+    ``run_id`` is the one the plan role generates for a job that names none: the filter
+    stays pure (no clock, no randomness)."""
     if not isinstance(job, dict):
         raise AnsibleFilterError(
             f"torchherd_job: expected a dict (the job spec), found {type(job).__name__}"
         )
-    merged = dict(job_defaults())
-    merged.update({k: v for k, v in job.items() if v is not None})
+    merged = normalize(job)
     problems = []
 
     script = str(merged.get("script") or "").strip()
@@ -137,7 +249,7 @@ def plan(job, groups, hostvars):
 
     group = merged["node_group"]
     members = list(groups.get(group) or [])
-    explicit = list(merged.get("nodes") or [])
+    explicit = merged["nodes"]
     names = explicit or members
     if not members:
         problems.append(f"node group '{group}': expected at least one host, found the group "
@@ -157,38 +269,39 @@ def plan(job, groups, hostvars):
                                 f"missing there; fix: add it to [{group}] or drop it from "
                                 f"torchherd_job.nodes")
     nodes = list(dict.fromkeys(names))
+    hvs = {name: _vars(name, hostvars) for name in nodes}
+    addresses = {name: _address(hvs[name], name) for name in nodes}
 
     by_address = {}
-    for name in nodes:
-        by_address.setdefault(_address(name, hostvars), []).append(name)
+    for name, address in addresses.items():
+        by_address.setdefault(address, []).append(name)
     for address, owners in by_address.items():
         if len(owners) > 1:
             problems.append(f"hosts {', '.join(owners)}: expected one address per node, found "
                             f"all of them at {address}; fix: give each node its own "
                             f"ansible_host (or torchherd_address), or remove the duplicate entry")
 
-    port = _port(merged.get("master_port"))
-    if port is None:
+    port = merged["master_port"]
+    if not 1 <= port <= 65535:
         problems.append(f"job.master_port: expected an integer in 1..65535, found "
-                        f"{merged.get('master_port')!r}; fix: set torchherd_job.master_port "
+                        f"{port!r}; fix: set torchherd_job.master_port "
                         f"(torchrun's default is 29500)")
 
-    nproc = _nproc(merged.get("nproc_per_node"))
+    nproc = _nproc(merged["nproc_per_node"])
     if nproc is None:
         problems.append(f"job.nproc_per_node: expected a positive integer or 'auto', found "
-                        f"{merged.get('nproc_per_node')!r}; fix: set it to the GPUs per node, "
+                        f"{merged['nproc_per_node']!r}; fix: set it to the GPUs per node, "
                         f"or 'auto'")
 
-    master = merged.get("master") or (nodes[0] if nodes else "")
-    if merged.get("master") and master not in nodes:
+    master = merged["master"] or (nodes[0] if nodes else "")
+    if merged["master"] and master not in nodes:
         problems.append(f"job.master: expected one of the nodes ({', '.join(nodes)}), found "
                         f"{master!r}; fix: name a host of group '{group}' or leave it empty")
 
-    rdzv = merged.get("rdzv")
     nnodes = str(len(nodes))
-    if merged.get("nnodes"):
-        match = _NNODES.match(str(merged["nnodes"]).strip())
-        if rdzv != "c10d":
+    if merged["nnodes"]:
+        match = _NNODES.match(merged["nnodes"].strip())
+        if merged["rdzv"] != "c10d":
             problems.append(f"job.nnodes: expected it empty with rdzv 'static' (the node count "
                             f"is the inventory's), found {merged['nnodes']!r}; fix: drop it or "
                             f"set rdzv: c10d")
@@ -201,55 +314,64 @@ def plan(job, groups, hostvars):
         else:
             nnodes = f"{int(match.group(1))}:{int(match.group(2))}"
 
-    if merged.get("launcher") == "srun":
-        outside = [n for n in nodes if not hostvars.get(n, {}).get("torchherd_slurm_job_id")]
+    if merged["launcher"] == "srun":
+        outside = [n for n in nodes if not hvs[n].get("torchherd_slurm_job_id")]
         if outside:
             problems.append(f"job.launcher: expected nodes of a SLURM job (the "
                             f"torchherd.cluster.slurm inventory) for launcher srun, found "
                             f"{', '.join(outside)} outside one; fix: use that inventory, or "
                             f"launcher ssh")
 
+    for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1)):
+        if merged[key] < low:
+            problems.append(f"job.{key}: expected an integer >= {low}, found {merged[key]!r}")
+
+    run_id = merged["run_id"] or run_id
+    for key, value in (("run_id", run_id), ("name", merged["name"])):
+        if value and not _SAFE_ID.match(str(value)):
+            problems.append(f"job.{key}: expected letters, digits, '.', '_' or '-' (it names "
+                            f"directories), found {value!r}")
+
+    name = merged["name"] or os.path.splitext(os.path.basename(script))[0] or "job"
+    if not _SAFE_ID.match(name):
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip("._-") or "job"
+    firewalls = {h: _firewall(h, hvs[h], merged, addresses, master, port, problems)
+                 for h in nodes}
+
     # gloo and NCCL connect between the nodes on ports the kernel picks: mode ports without
-    # ports would let the rendezvous through and block the collectives (a hang at init).
-    if (merged.get("firewall", True) and merged.get("firewall_mode") == "ports"
-            and not merged.get("firewall_ports") and len(nodes) > 1):
+    # ports (the master port is the rendezvous's alone) would let the rendezvous through and
+    # block the collectives (a hang at init).
+    if len(nodes) > 1 and any(f["enabled"] and f["mode"] == "ports"
+                              and len(f["ports"]) == (1 if h == master else 0)
+                              for h, f in firewalls.items()):
         problems.append("job.firewall_ports: expected the ports gloo and NCCL use with "
                         "firewall_mode ports, found none; fix: pin them to a range "
                         "(net.ipv4.ip_local_port_range on every node) and list it in "
                         "firewall_ports, or use firewall_mode members (see the firewall "
                         "role's README.md)")
 
-    for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1)):
-        value = merged.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"job.{key}: expected an integer >= {low}, found {value!r}")
-
-    for key in ("run_id", "name"):
-        value = merged.get(key)
-        if value and not _SAFE_ID.match(str(value)):
-            problems.append(f"job.{key}: expected letters, digits, '.', '_' or '-' (it names "
-                            f"directories), found {value!r}")
-
     if problems:
         raise AnsibleFilterError("torchherd plan: the job cannot start:\n  - "
                                  + "\n  - ".join(problems))
 
-    name = merged.get("name") or os.path.splitext(os.path.basename(script))[0] or "job"
-    if not _SAFE_ID.match(name):
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip("._-") or "job"
     merged["name"] = name
     merged["nproc_per_node"] = nproc
-    merged["master_port"] = port
-    addr = merged.get("master_addr") or _address(master, hostvars)
+    root_of = {h: str(hvs[h].get("torchherd_root") or DEFAULT_ROOT) for h in nodes}
     return {
-        "run_id": merged.get("run_id") or "",
+        "run_id": run_id,
         "job": merged,
-        "nodes": [{"host": h, "address": _address(h, hostvars), "node_rank": i}
+        "nodes": [{"host": h, "address": addresses[h], "node_rank": i, "root": root_of[h],
+                   "code_dir": merged["code_dest"] or f"{root_of[h]}/code/{name}",
+                   "python": str(merged["python"] or hvs[h].get("ansible_python_interpreter")
+                                 or ""),
+                   "firewall": firewalls[h]}
                   for i, h in enumerate(nodes)],
         "nnodes": nnodes,
         "nproc_per_node": nproc,
         "world_size": None if nproc == "auto" else nproc * len(nodes),
-        "master": {"host": master, "addr": addr, "port": port},
+        "master": {"host": master,
+                   "addr": merged["master_addr"] or addresses[master],
+                   "port": port},
     }
 
 
