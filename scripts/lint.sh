@@ -56,8 +56,8 @@ fi
 #     fetch others without containers. vermin above covers 3.8 compatibility.
 #   - pslint: the collection has no PowerShell, and pwsh is neither on PyPI nor in Debian.
 # shellcheck runs but has nothing to check: the collection has no shell scripts (ansible-test
-# skips it with a warning where the shellcheck binary is missing). changelog checks only a
-# changelogs/ directory (antsibull-changelog), which the collection does not use.
+# skips it with a warning where the shellcheck binary is missing). changelog lints the
+# collection's changelogs/ (fragments and changelog.yaml, antsibull-changelog's layout).
 # Known exceptions, each with its reason, are in tests/sanity/ignore-2.19.txt.
 echo "== ansible-test sanity"
 (cd "$COLLECTION" && ansible-test sanity --venv --python 3.11 --skip-test pslint)

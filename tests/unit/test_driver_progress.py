@@ -1,97 +1,295 @@
-"""ansible-runner events -> the per-node progress table (driver.progress)."""
+"""ansible-runner events -> the per-node progress table (driver.progress).
 
+The events come from a real ansible-runner run of a small playbook on this machine: roles of the
+collection's shape (plan, preflight, sync, firewall, torchrun, collect) whose tasks call the
+collection's own modules with arguments that change nothing (no torch import, firewall backend
+none, a run id that never ran). Where a case needs a result the run cannot give (a failed job),
+a recorded event of the right task gets that result, its task identity kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import ansible_runner
+import pytest
 from rich.console import Console
 
+from driver.paths import collections_path
 from driver.progress import Progress, phase_of
 
-
-def ev(kind, host="", task="", play="", role="", res=None, **data):
-    return {"event": kind, "event_data": {"host": host, "task": task, "play": play,
-                                          "role": role, "res": res or {}, **data}}
+NODES = ("n0", "n1")
+RUN = "progress-test"
 
 
-BIG = "Preflight, sync, firewall and start"
+def role_files(root, name):
+    """Task files of the collection's shape; ``name`` gives every task its display name."""
+    job = "run_id: " + RUN + "\n    root: " + str(root / "node")
+    return {
+        "plan/tasks/main.yml": f"""
+- name: {name('Compute the plan')}
+  ansible.builtin.set_fact:
+    torchherd_plan: {{job: {{rdzv: static, secret_env: {{K: s3cret}}}}, nproc_per_node: 2}}
+- name: {name('Hash the code')}
+  torchherd.cluster.code_hash:
+    path: {root / 'code'}
+- name: {name('Put the nodes in rank order')}
+  ansible.builtin.add_host:
+    name: "{{{{ item.0 }}}}"
+    groups: run
+    torchherd_node: {{node_rank: "{{{{ item.1 }}}}"}}
+  loop: "{{{{ {list(NODES)} | zip(range(2)) | list }}}}"
+  changed_when: false
+""",
+        "preflight/tasks/main.yml": f"""
+- name: {name('Gather node facts')}
+  torchherd.cluster.node_facts:
+    python: {root / 'no-python'}
+    root: {root / 'node'}
+- name: {name('Compare the nodes')}
+  ansible.builtin.set_fact:
+    torchherd_gate: {{ok: true, nproc_per_node: 2, problems: []}}
+  run_once: true
+- name: {name('Record the verdict')}
+  torchherd.cluster.run_record:
+    run_dir: {root / 'runs' / RUN}
+    files: {{preflight.json: "{{}}"}}
+  run_once: true
+- name: {name('Stop before anything starts')}
+  ansible.builtin.fail:
+    msg: preflight failed
+  failed_when: false
+  run_once: true
+""",
+        "sync/tasks/main.yml": f"""
+- name: {name('Sync the code')}
+  torchherd.cluster.rsync:
+    src: {root / 'code'}
+    dest: {root / 'node' / 'code'}
+""",
+        "firewall/tasks/main.yml": f"""
+- name: {name('Allow the job traffic')}
+  torchherd.cluster.firewall_rules:
+    run_id: {RUN}
+    backend: none
+""",
+        "firewall/tasks/teardown.yml": f"""
+- name: {name('Remove the rules')}
+  torchherd.cluster.firewall_rules:
+    state: absent
+    run_id: {RUN}
+    backend: none
+""",
+        # The start's task file; the state that starts a job would need torch.
+        "torchrun/tasks/main.yml": f"""
+- name: {name('Start torchrun')}
+  torchherd.cluster.torchrun_job:
+    state: status
+    {job}
+""",
+        "torchrun/tasks/watch.yml": f"""
+- name: {name('Watch the job')}
+  ansible.builtin.import_tasks: wait.yml
+""",
+        "torchrun/tasks/wait.yml": f"""
+- name: {name('Wait for the job')}
+  torchherd.cluster.torchrun_job:
+    state: waiting
+    wait_timeout: 0
+    {job}
+  register: waited
+""",
+        "torchrun/tasks/stop.yml": f"""
+- name: {name('Stop the job')}
+  torchherd.cluster.torchrun_job:
+    state: stopped
+    grace: 0
+    {job}
+""",
+        "collect/tasks/main.yml": f"""
+- name: {name('Fetch the run directory')}
+  torchherd.cluster.rsync:
+    direction: pull
+    src: {root / 'node'}
+    dest: {root / 'runs' / RUN / 'nodes' / '{{ inventory_hostname }}'}
+""",
+        "collect/tasks/summary.yml": f"""
+- name: {name('Write summary.json')}
+  torchherd.cluster.run_summary:
+    run_dir: {root / 'runs' / RUN}
+    plan:
+      run_id: {RUN}
+      nodes: [{{host: n0, node_rank: 0, address: n0}}, {{host: n1, node_rank: 1, address: n1}}]
+    results: "{{{{ dict(groups.run | zip(groups.run | map('extract', hostvars, 'waited'))) }}}}"
+""",
+    }
 
 
-def test_phases_from_plays_and_roles():
-    assert phase_of("Plan", "plan", "") == "plan"
-    assert phase_of(BIG, "preflight", "plan") == "preflight"
-    assert phase_of(BIG, "sync", "preflight") == "sync"
-    assert phase_of(BIG, "torchrun", "sync") == "start"
-    assert phase_of(BIG, "", "sync") == "sync"  # a phase mark keeps the phase
-    assert phase_of("Watch", "torchrun", "start") == "watch"
-    assert phase_of("Stop", "torchrun", "plan") == "stop"
-    assert phase_of("Summary", "collect", "collect") == "summary"
+def playbook(name):
+    def role(role, tasks_from="main"):
+        return (f"    - name: {name(role + ' ' + tasks_from)}\n"
+                f"      ansible.builtin.import_role: {{name: {role}, tasks_from: {tasks_from}}}\n")
+
+    def play(title, hosts, *roles):
+        return (f"- name: {name(title)}\n  hosts: {hosts}\n  gather_facts: false\n"
+                "  tasks:\n" + "".join(roles))
+
+    status = (f"    - name: {name('Report the state')}\n"
+              f"      torchherd.cluster.torchrun_job: {{state: status, run_id: {RUN}, "
+              "root: '{{ node_root }}'}\n")
+    return "\n".join([
+        play("Plan", "localhost", role("plan")),
+        play("Launch", "run", role("preflight"), role("sync"), role("firewall"),
+             role("torchrun")),
+        play("Watch", "run", role("torchrun", "watch")),
+        play("Collect", "run", role("collect"), role("firewall", "teardown")),
+        play("Summary", "localhost", role("collect", "summary")),
+        play("Status", "run", status),
+        play("Stop", "run", role("torchrun", "stop")),
+    ])
 
 
-def launch_events():
-    secret_plan = {"torchherd_plan": {"job": {"rdzv": "static", "secret_env": {"K": "s3cret"}},
-                                      "nproc_per_node": 2}}
-    yield ev("playbook_on_play_start", play="Plan")
-    yield ev("runner_on_ok", "localhost", "Compute the plan", "Plan", "plan",
-             {"ansible_facts": secret_plan})
-    for i, host in enumerate(("n0", "n1")):
-        yield ev("runner_item_on_ok", "localhost", "Put the nodes in rank order", "Plan", "plan",
-                 {"add_host": {"host_name": host, "host_vars": {"torchherd_node_rank": i}}})
-    yield ev("playbook_on_task_start", task="Gather node facts", play=BIG, role="preflight")
-    yield ev("runner_on_ok", "n0", "Gather node facts", BIG, "preflight", {"hostname": "n0"})
-    yield ev("runner_on_ok", "n1", "Gather node facts", BIG, "preflight", {"hostname": "n1"})
-    yield ev("playbook_on_task_start", task="Start torchrun on every node", play=BIG,
-             role="torchrun")
-    for i, host in enumerate(("n0", "n1")):
-        yield ev("runner_on_ok", host, "Start torchrun on every node", BIG, "torchrun",
-                 {"job_state": "running", "last_line": "", "meta": {"node_rank": i}})
-    yield ev("playbook_on_play_start", play="Watch")
-    yield ev("runner_retry", "n1", "Wait for the job", "Watch", "torchrun",
-             {"job_state": "running", "last_line": "[default1]:step 7"})
-    yield ev("runner_on_failed", "n1", "Wait for the job", "Watch", "torchrun",
-             {"job_state": "failed", "last_line": "[default1]:boom"})
+def record(root, name):
+    """Every event of one real run of the small playbook, as ansible-runner hands them over."""
+    (root / "code").mkdir()
+    (root / "code" / "train.py").write_text("print('hi')\n")
+    for path, text in role_files(root, name).items():
+        (root / "project" / "roles" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "project" / "roles" / path).write_text(text)
+    (root / "project" / "pb.yml").write_text(playbook(name))
+    (root / "inventory").mkdir()
+    (root / "inventory" / "hosts").write_text("".join(
+        f"{host} ansible_connection=local ansible_python_interpreter={sys.executable} "
+        f"node_root={root / 'node'}\n" for host in ("localhost",) + NODES))
+    events = []
+    result = ansible_runner.run(
+        private_data_dir=str(root), playbook="pb.yml", quiet=True,
+        envvars={"ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+                 "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])},
+        event_handler=lambda event: events.append(event) or False,
+        settings={"suppress_ansible_output": True})
+    assert result.status == "successful", [
+        e["event_data"].get("res") for e in events if e["event"] == "runner_on_failed"]
+    return events
 
 
-def test_events_fold_into_rows_and_plain_lines():
-    progress = Progress("torchherd launch r1")
-    lines = [line for event in launch_events() for line in progress.update(event)]
+@pytest.fixture(scope="module")
+def events(tmp_path_factory):
+    return record(tmp_path_factory.mktemp("run"), lambda text: text)
+
+
+def fold(events, progress=None):
+    progress = progress or Progress("torchherd launch r1")
+    return progress, [line for event in events for line in progress.update(event)]
+
+
+def phase_lines(lines):
+    return [line.removeprefix("torchherd: ") for line in lines if line.count(":") == 1]
+
+
+def task_event(events, kind, role, module, host, task_file="main.yml"):
+    """A recorded event of one task (by role, task file and module, not by its name), copied."""
+    return copy.deepcopy(next(
+        e for e in events if e["event"] == kind and e["event_data"].get("host") == host
+        and e["event_data"].get("role", "") == role
+        and f"/{task_file}:" in e["event_data"].get("task_path", "")
+        and e["event_data"].get("resolved_action") == module))
+
+
+def test_phases_come_from_modules_and_roles(events):
+    _, lines = fold(events)
+    assert phase_lines(lines) == ["plan", "preflight", "sync", "firewall", "start", "watch",
+                                  "collect", "teardown", "summary", "status", "stop"]
+
+
+def test_renamed_tasks_and_plays_give_the_same_phases_and_rows(events, tmp_path):
+    renamed = record(tmp_path, lambda text: f"Renamed {text[::-1]}")
+    assert {e["event_data"].get("task") for e in renamed} & {
+        e["event_data"].get("task") for e in events} <= {None}
+    first, lines = fold(events)
+    second, renamed_lines = fold(renamed)
+    # Hosts answer in any order; the phases come in one.
+    assert phase_lines(renamed_lines) == phase_lines(lines)
+    assert sorted(renamed_lines) == sorted(lines)
+    assert second.rows == first.rows
+
+
+def test_events_fold_into_rows_and_plain_lines(events):
+    progress, lines = fold(events)
+    assert list(progress.rows) == ["n0", "n1"]
     assert progress.rows["n0"].rank == "0" and progress.rows["n1"].rank == "1"
-    assert progress.rows["n0"].state == "running" and progress.rows["n0"].phase == "start"
+    assert progress.nproc == 2 and progress.static
+    assert "torchherd: n1 (node_rank 1): checked" in lines
+    assert "torchherd: n1 (node_rank 1): synced" in lines
+    # The job never ran: every state after the start is the module's own word for that.
+    assert (progress.rows["n1"].phase, progress.rows["n1"].state) == ("stop", "absent")
+    # The plan's set_fact holds a secret value; no line shows it.
+    assert not any("s3cret" in line for line in lines)
+    # The fail task of the preflight role restates the gate: not a failure of its host.
+    fail = task_event(events, "runner_on_ok", "preflight", "ansible.builtin.fail", "n0")
+    fail["event"] = "runner_on_failed"
+    assert Progress().update(fail) == []
+
+
+def test_a_failed_watch_names_the_job_state_and_the_rank(events):
+    watch = next(i for i, e in enumerate(events) if phase_of(e["event_data"], "") == "watch")
+    progress, _ = fold(events[:watch + 1])
+    wait = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
+                      "n1", "wait.yml")
+    retry, failed = copy.deepcopy(wait), wait
+    retry["event"] = "runner_retry"
+    retry["event_data"]["res"].update(job_state="running", last_line="[default1]:step 7")
+    failed["event"] = "runner_on_failed"
+    failed["event_data"]["res"].update(job_state="failed", last_line="[default1]:boom")
+    assert progress.update(retry) == ["torchherd: n1 (node_rank 1): running: r3: step 7"]
+    # A retry that changes nothing prints nothing: no line per watch round.
+    assert progress.update(retry) == []
+    assert progress.update(failed) == ["torchherd: n1 (node_rank 1): failed: r3: boom"]
     row = progress.rows["n1"]
     assert (row.phase, row.state, row.note) == ("watch", "failed", "r3: boom")
-    assert lines[:2] == ["torchherd: plan", "torchherd: preflight"]
-    assert "torchherd: n1 (node_rank 1): failed: r3: boom" in lines
-    # A retry that changes nothing prints nothing: no line per watch round.
-    assert not any("step 7" in line for line in lines)
-    assert not any("s3cret" in line for line in lines)
 
 
-def test_unreachable_and_gate_problems():
-    progress = Progress()
-    progress.update(ev("runner_item_on_ok", "localhost", "x", "Plan", "plan",
-                       {"add_host": {"host_name": "n0", "host_vars": {"torchherd_node_rank": 0}}}))
-    progress.update(ev("runner_item_on_ok", "localhost", "x", "Plan", "plan",
-                       {"add_host": {"host_name": "n1", "host_vars": {"torchherd_node_rank": 1}}}))
-    assert progress.update(ev("runner_on_unreachable", "n1", "Gather node facts", BIG,
-                              "preflight", {"msg": "ssh: connect refused\nmore"})) == [
+def test_unreachable_and_gate_problems(events):
+    plan = [e for e in events if e["event_data"].get("role") == "plan"]
+    facts_start = task_event(events, "playbook_on_task_start", "preflight",
+                             "torchherd.cluster.node_facts", None)
+    progress, _ = fold(plan + [facts_start], Progress())
+    facts = task_event(events, "runner_on_ok", "preflight", "torchherd.cluster.node_facts",
+                       "n1")
+    facts["event"] = "runner_on_unreachable"
+    facts["event_data"]["res"] = {"msg": "ssh: connect refused\nmore", "unreachable": True}
+    assert progress.update(facts) == [
         "torchherd: n1 (node_rank 1): unreachable: ssh: connect refused"]
-    gate = {"ok": False, "nproc_per_node": 2,
-            "problems": [{"host": "n0", "check": "gpus", "expected": ">= 2", "found": "0"}]}
-    progress.update(ev("runner_on_ok", "n0", "Compare the nodes", BIG, "preflight",
-                       {"ansible_facts": {"torchherd_gate": gate}}))
-    assert progress.rows["n0"].state == "preflight failed"
+    gate = task_event(events, "runner_on_ok", "preflight", "ansible.builtin.set_fact", "n0")
+    gate["event_data"]["res"]["ansible_facts"]["torchherd_gate"].update(ok=False, problems=[
+        {"host": "n0", "check": "gpus", "expected": ">= 2", "found": "0"}])
+    progress.update(gate)
+    assert (progress.rows["n0"].phase, progress.rows["n0"].state) == (
+        "preflight", "preflight failed")
     assert progress.rows["n0"].note == "gpus: found 0"
-    # The play's fail task is the gate's verdict, not a failure of the host it ran on.
-    assert progress.update(ev("runner_on_failed", "n0", "Stop before anything starts", BIG,
-                              "preflight", {"msg": "preflight failed"})) == []
 
 
-def test_summary_sets_final_states_and_the_table_renders():
-    progress = Progress("t")
-    summary = {"nproc_per_node": 2, "hosts": {
+def test_summary_sets_final_states_and_the_table_renders(events):
+    progress, _ = fold(events[:2], Progress("t"))
+    summary = task_event(events, "runner_on_ok", "collect", "torchherd.cluster.run_summary",
+                         "localhost", "summary.yml")
+    summary["event_data"]["res"]["summary"].update(nproc_per_node=2, hosts={
         "n0": {"node_rank": 0, "state": "succeeded", "last_line": "[default1]:done"},
-        "n1": {"node_rank": 1, "state": "failed", "exception": "RuntimeError: x"}}}
-    lines = progress.update(ev("runner_on_ok", "localhost", "Write summary.json", "Summary",
-                               "collect", {"summary": summary}))
-    assert lines == ["torchherd: n0 (node_rank 0): succeeded: r1: done",
-                     "torchherd: n1 (node_rank 1): failed: RuntimeError: x"]
+        "n1": {"node_rank": 1, "state": "failed", "exception": "RuntimeError: x"}})
+    assert progress.update(summary) == ["torchherd: n0 (node_rank 0): succeeded: r1: done",
+                                        "torchherd: n1 (node_rank 1): failed: RuntimeError: x"]
     console = Console(width=120, record=True)
     console.print(progress.table())
     text = console.export_text()
     assert "n1" in text and "RuntimeError: x" in text and "succeeded" in text
+
+
+def test_a_module_serving_several_phases_is_told_apart_by_role_and_task_file():
+    torchrun = {"resolved_action": "torchherd.cluster.torchrun_job", "role": "torchrun"}
+    assert phase_of({**torchrun, "task_path": "/r/torchrun/tasks/main.yml:3"}, "") == "start"
+    assert phase_of({**torchrun, "task_path": "/r/torchrun/tasks/wait.yml:3"}, "") == "watch"
+    assert phase_of({"resolved_action": "torchherd.cluster.torchrun_job"}, "") == "status"
+    assert phase_of({"resolved_action": "ansible.builtin.assert", "role": "torchrun"},
+                    "sync") == "sync"

@@ -16,14 +16,13 @@ description:
     the sync, that it holds the same code as the controller.
   - The hash covers each file's relative path and content (a symlink's target for links).
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.INFO_MODULE
+  - torchherd.cluster._attributes.ACTION
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+  action:
+    details: On the controller (the C(local) connection, no C(become)) the action hashes in
+      its own process; elsewhere the module runs on the target.
 options:
   path:
     description: Root of the code tree.

@@ -52,7 +52,7 @@ notes:
     traffic leaves the peers from another address than the one given, widen O(peers)
     (networks are accepted).
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
 attributes:
   check_mode:
     support: full
@@ -138,7 +138,7 @@ backends:
   elements: str
   sample: [nftables]
 detected:
-  description: What was found on the node, per backend, with C(backend=auto).
+  description: What was found on the node, per backend; empty with O(backend=none).
   returned: always
   type: dict
   sample: {nftables: active, iptables: inactive, ufw: missing, firewalld: missing}
@@ -158,7 +158,7 @@ msg:
   description: What happened, in one line.
   returned: always
   type: str
-  sample: "nftables: 1 rule(s) added, 0 removed"
+  sample: "nftables: 0 rule(s) before, 1 after"
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -17,14 +17,12 @@ description:
   - The torch probe runs in a subprocess of the job's interpreter, which may differ from the
     one running this module (a venv, say).
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.INFO_MODULE
 attributes:
   check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+    details: It only reads and reports; the one file it writes is its own cache of the torch
+      probe (O(cache_seconds)), in check mode too.
 options:
   python:
     description: Interpreter of the job; empty means the one running this module.

@@ -18,10 +18,14 @@ description:
   - Needs rsync on the controller and on the node, and key-based SSH (no password prompts).
   - This is an action plugin; this file only documents it.
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.ACTION
 attributes:
   check_mode:
     support: full
+    details: rsync runs with C(--dry-run) and RV(changes) lists what it would copy.
+  action:
+    details: The action runs rsync on the controller; there is no module to run on the node.
   diff_mode:
     support: none
   idempotent:
@@ -112,5 +116,5 @@ cmd:
   returned: always
   type: list
   elements: str
-  sample: [rsync, -rlptD, --itemize-changes, ./, "node0:/var/tmp/torchherd/code/train/"]
+  sample: [rsync, -rlptD, --itemize-changes, "--out-format=%i %n%L", /home/me/train/, "node0:/var/tmp/torchherd/code/train/"]
 """

@@ -17,10 +17,14 @@ description:
   - Runs in the controller's own process, whatever host the task is for; no module is sent
     anywhere. This is an action plugin; this file only documents it.
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.ACTION
 attributes:
   check_mode:
     support: full
+    details: Nothing is written; RV(files) lists what would be.
+  action:
+    details: The action writes on the controller, in its own process; there is no module to run.
   diff_mode:
     support: none
   idempotent:

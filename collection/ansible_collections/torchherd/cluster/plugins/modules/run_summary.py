@@ -18,15 +18,22 @@ description:
   - Writes O(run_dir)C(/summary.json) and returns it with a per-node table for people.
   - Writes O(run_dir)C(/merged.log), every node's log with each line prefixed by the host and the
     global rank (C(r5)), the local rank for elastic runs (C(l1)), or C(agent) for torchrun's own lines.
+  - Runs in the controller's own process, whatever host the task is for; no module is sent
+    anywhere. This is an action plugin; this file only documents it.
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.ACTION
 attributes:
+  action:
+    details: The action writes on the controller, in its own process; there is no module to run.
   check_mode:
     support: none
   diff_mode:
     support: none
   idempotent:
-    support: full
+    support: none
+    details: Every call rewrites C(summary.json) (with a new C(written_at)) and C(merged.log), and
+      reports a change.
 options:
   run_dir:
     description: The run's directory on the controller.
@@ -63,7 +70,7 @@ summary:
   sample:
     run_id: demo-1
     state: failed
-    reason: "node1 (node_rank 1) rank 3: RuntimeError: boom"
+    reason: "node node1 (node_rank 1) rank 3: RuntimeError: boom"
     hosts:
       node1:
         node_rank: 1
@@ -72,31 +79,14 @@ summary:
         failing_rank: 3
         exception: "RuntimeError: boom"
 table:
-  description: The per-node result as text.
+  description: The per-node result as text, one line per node and a last line for the run.
   returned: always
   type: str
-  sample: "node   rank  state      exit  ..."
+  sample: "node   rank  state   exit  logs  last line / error\nnode1  1     failed  1     yes   RuntimeError: boom\nrun demo-1: failed (node node1 (node_rank 1) rank 3: RuntimeError: boom)"
+path:
+  description: Path of the C(summary.json) written.
+  returned: always
+  type: str
+  sample: /home/me/project/runs/demo-1/summary.json
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.torchherd.cluster.plugins.module_utils._summary import write_summary
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            run_dir=dict(type="path", required=True),
-            plan=dict(type="dict", required=True),
-            results=dict(type="dict", required=True),
-            marks=dict(type="dict", default={}),
-        ),
-        supports_check_mode=False,
-    )
-    p = module.params
-    summary, text, path = write_summary(p["run_dir"], p["plan"], p["results"], p["marks"])
-    module.exit_json(changed=True, summary=summary, table=text, path=path)
-
-
-if __name__ == "__main__":
-    main()

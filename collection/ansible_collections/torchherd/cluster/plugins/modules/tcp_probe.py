@@ -21,15 +21,8 @@ description:
   - A firewall that drops or rejects the port, a wrong route or an address that is not the
     master's all show up here, before the job starts.
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
-attributes:
-  check_mode:
-    support: full
-    details: The probe changes nothing lasting, so it runs in check mode too.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.INFO_MODULE
 options:
   host:
     description: Address to connect to, the master's as the other nodes reach it.

@@ -27,15 +27,20 @@ description:
     that torchrun runs as a step of a SLURM job; the run directory, states, stop and the marker
     stay the same.
 extends_documentation_fragment:
-  - torchherd.cluster.attributes
+  - torchherd.cluster._attributes
+  - torchherd.cluster._attributes.ACTION
 attributes:
+  action:
+    details: The module runs on the node; the action only asks once more, on a fresh connection,
+      when a wait cannot reach the node.
   check_mode:
     support: full
   diff_mode:
     support: none
   idempotent:
-    support: full
-    details: Starting a run id that is running or has ended changes nothing and fails; stopping a stopped job changes nothing.
+    support: partial
+    details: A second start of the same run id fails (a run id starts once, and its run directory
+      is there); status and waiting change nothing; stopping a stopped job changes nothing.
 options:
   state:
     description: What to do.
@@ -321,7 +326,11 @@ firewall:
       (the rules are still there then).
   returned: when O(firewall) is set, with O(state=started), and with O(state=waiting) once the job has ended
   type: dict
-  sample: {changed: false, backends: [], rules: [], msg: "no firewall is active on this node"}
+  sample:
+    changed: false
+    backends: []
+    rules: []
+    msg: "no firewall is active on this node (firewalld missing, iptables inactive, nftables inactive, ufw missing): nothing to open"
 meta:
   description: What O(meta) recorded at start, and O(wrapper) when one was given.
   returned: always
