@@ -310,11 +310,16 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                 results.append(r)
                 log(f"n={n} rep={rep} {m}: init {r.get('init_s') or 0:.2f} s done "
                     f"{r['done_s']:.2f} s cpu {r['cpu_s']:.2f} s ok={r['ok']}")
-        for interval in (watch or {}).get("intervals", []):
-            w = measure_watch(cluster, work, watch["window"], watch["sleep"], extra_env,
-                              interval)
-            watch_res.append(w)
-            log(f"watch: {w}")
+        # With --alt-env, the watch of the other collection too, alternating, for an A/B.
+        arms = [("", extra_env)] + ([("alt", {**extra_env, **alt_env})] if alt_env else [])
+        for _rep in range(watch["reps"] if watch else 0):
+            for interval in watch["intervals"]:
+                for arm, env in arms:
+                    w = measure_watch(cluster, work, watch["window"], watch["sleep"], env,
+                                      interval)
+                    w["arm"] = arm
+                    watch_res.append(w)
+                    log(f"watch{' ' + arm if arm else ''}: {w}")
     finally:
         testbed.down(name)
     return {"nodes": n, "runs": results, "watch": watch_res}
@@ -378,7 +383,8 @@ def write_markdown(path: Path, info: dict, rows: list[dict], sizes: list[dict],
             f"| {fmt(row['d'].get('cpu_per_node'), '.3f')} |")
     watches = [w for s in sizes for w in s.get("watch") or []]
     for w in watches:
-        lines += ["", f"Watching a running job ({w['nodes']} nodes, watch_interval "
+        arm = " (the other collection, --alt-env)" if w.get("arm") else ""
+        lines += ["", f"Watching a running job{arm} ({w['nodes']} nodes, watch_interval "
                   f"{w['watch_interval']} s, "
                   f"{w['window_s']:.0f} s window): {w['cpu_s']:.2f} CPU-s "
                   f"(of which ssh multiplexers {w['cpu_mux_s']:.2f}) = "
@@ -450,6 +456,7 @@ def main() -> int:
     p.add_argument("--watch-nodes", type=int, default=8, help="0: skip the watch measurement")
     p.add_argument("--watch-window", type=float, default=120.0)
     p.add_argument("--watch-sleep", type=float, default=170.0)
+    p.add_argument("--watch-reps", type=int, default=1)
     p.add_argument("--watch-intervals", default="0",
                    help="watch_interval values to measure; 0 is the job's default")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
@@ -486,8 +493,8 @@ def main() -> int:
     for n in [int(x) for x in args.sizes.split(",")]:
         reps = args.reps if n < 16 else args.reps_big
         watch = {"window": args.watch_window, "sleep": args.watch_sleep,
-                 "intervals": [int(x) for x in args.watch_intervals.split(",")]
-                 } if n == args.watch_nodes else None
+                 "intervals": [int(x) for x in args.watch_intervals.split(",")],
+                 "reps": args.watch_reps} if n == args.watch_nodes else None
         sizes.append(run_size(n, reps, work, args.methods, extra_env, watch, alt_env))
         (out_dir / f"{stamp}{args.tag}.json").write_text(
             json.dumps({"machine": info, "env": extra_env, "alt_env": alt_env, "sizes": sizes},

@@ -23,6 +23,7 @@ from pathlib import Path
 import ansible_runner
 import pytest
 
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan as make_plan
 from driver import api, launch
 from driver.paths import ansible_cfg, collections_path
 from driver.runner import run_playbook
@@ -182,10 +183,11 @@ def label(source, target, port):
 
 
 def job_plan(cluster, run_id, **job):
-    """The parts of a plan the firewall role reads; node0 is the master."""
-    nodes = [{"host": n.name, "address": n.ip, "node_rank": i} for i, n in enumerate(cluster.nodes)]
-    return {"run_id": run_id, "nodes": nodes, "job": job,
-            "master": {"host": nodes[0]["host"], "addr": nodes[0]["address"], "port": MASTER_PORT}}
+    """The plan of a job on the cluster's nodes, made by the plan filter; node0 is the master."""
+    groups = {"torchherd_nodes": [n.name for n in cluster.nodes]}
+    hostvars = {n.name: {"ansible_host": n.ip} for n in cluster.nodes}
+    return make_plan(dict(job, script="train.py", master_port=MASTER_PORT), groups, hostvars,
+                     run_id=run_id)
 
 
 def run_role(cluster, plan, *, teardown=False, check=False):
@@ -424,7 +426,7 @@ def test_rules_the_firewall_role_opened_are_torn_down_after_the_job(make_cluster
     steps = FirewallSteps()
     job = api._prepare(allreduce_job(), tmp_path)
     outcome = run_playbook("launch", cluster.inventory,
-                           {"torchherd_job": job, "torchherd_firewall_in_start": False},
+                           {"torchherd_job": job, "torchherd_torchrun_firewall": False},
                            on_event=steps)
     assert outcome.status == "successful", outcome.failures
     assert steps.opened == {} and steps.closed == {}

@@ -82,6 +82,12 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = self.validate_argument_spec(argument_spec=_ARGS)[1]
+        # The node's side may start with ~ (the plan's default root is ~/.torchherd): rsync and
+        # mkdir would take it literally, so it is resolved on the node first (one round trip,
+        # only then).
+        side = "dest" if args["direction"] == "push" else "src"
+        if args[side].startswith("~"):
+            args[side] = self._remote_expand_user(args[side], sudoable=False)
         src = args["src"].rstrip("/") + "/"
         dest = args["dest"].rstrip("/") + "/"
         if args["direction"] == "push":

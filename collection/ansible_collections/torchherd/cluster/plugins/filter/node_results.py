@@ -10,7 +10,7 @@ author: torchherd developers
 version_added: 0.1.0
 short_description: Collect the launch results registered on each node
 description:
-  - Reads C(torchherd_node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
+  - Reads C(torchherd_node) (its node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
 positional: _input, hostvars
@@ -51,7 +51,7 @@ def node_results(hosts, hostvars):
     out = {}
     for host in hosts:
         hv = hostvars.get(host, {})
-        entry = {"node_rank": hv.get("torchherd_node_rank"), "job_state": None,
+        entry = {"node_rank": (hv.get("torchherd_node") or {}).get("node_rank"), "job_state": None,
                  "exit_code": None, "unreachable": False, "error": None, "last_line": "",
                  "started_at": None, "ended_at": None, "checked_at": None,
                  "logs_fetched": False}
