@@ -34,7 +34,7 @@ PHASES: dict[str, str | dict[str, str]] = {
     "torchherd.cluster.rsync": {"sync": "sync", "collect": "collect"},
     "torchherd.cluster.firewall_rules": {"firewall": "firewall", "firewall/teardown": "teardown",
                                          "firewall/teardown_all": "teardown"},
-    "torchherd.cluster.torchrun_job": {"torchrun": "start", "torchrun/wait": "watch",
+    "torchherd.cluster.torchrun_job": {"torchrun/start": "start", "torchrun/wait": "watch",
                                        "torchrun/stop": "stop", "torchrun/stop_all": "stop",
                                        "": "status"},
     "torchherd.cluster.run_summary": "summary",

@@ -83,7 +83,7 @@ def role_files(root, name):
     backend: none
 """,
         # The start's task file; the state that starts a job would need torch.
-        "torchrun/tasks/main.yml": f"""
+        "torchrun/tasks/start.yml": f"""
 - name: {name('Start torchrun')}
   torchherd.cluster.torchrun_job:
     state: status
@@ -142,7 +142,7 @@ def playbook(name):
     return "\n".join([
         play("Plan", "localhost", role("plan")),
         play("Launch", "run", role("preflight"), role("sync"), role("firewall"),
-             role("torchrun")),
+             role("torchrun", "start")),
         play("Watch", "run", role("torchrun", "watch")),
         play("Collect", "run", role("collect"), role("firewall", "teardown")),
         play("Summary", "localhost", role("collect", "summary")),
@@ -288,7 +288,7 @@ def test_summary_sets_final_states_and_the_table_renders(events):
 
 def test_a_module_serving_several_phases_is_told_apart_by_role_and_task_file():
     torchrun = {"resolved_action": "torchherd.cluster.torchrun_job", "role": "torchrun"}
-    assert phase_of({**torchrun, "task_path": "/r/torchrun/tasks/main.yml:3"}, "") == "start"
+    assert phase_of({**torchrun, "task_path": "/r/torchrun/tasks/start.yml:3"}, "") == "start"
     assert phase_of({**torchrun, "task_path": "/r/torchrun/tasks/wait.yml:3"}, "") == "watch"
     assert phase_of({"resolved_action": "torchherd.cluster.torchrun_job"}, "") == "status"
     assert phase_of({"resolved_action": "ansible.builtin.assert", "role": "torchrun"},

@@ -82,11 +82,13 @@ table:
   description: The per-node result as text, one line per node and a last line for the run.
   returned: always
   type: str
-  sample: "node   rank  state   exit  logs  last line / error\nnode1  1     failed  1     yes   RuntimeError: boom\nrun demo-1: failed (node node1 (node_rank 1) rank 3: RuntimeError: boom)"
+  sample: |-
+    node   rank  state   exit  logs  last line / error
+    node1  1     failed  1     yes   RuntimeError: boom
+    run demo-1: failed (node node1 (node_rank 1) rank 3: RuntimeError: boom)
 path:
   description: Path of the C(summary.json) written.
   returned: always
   type: str
   sample: /home/me/project/runs/demo-1/summary.json
 """
-
