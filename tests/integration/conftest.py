@@ -19,6 +19,10 @@ import pytest
 _REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
+# The collection is importable as ansible_collections.torchherd.cluster from a checkout (the
+# tests call its pure filters, as the plan role does).
+if str(_REPO / "collection") not in sys.path:
+    sys.path.insert(0, str(_REPO / "collection"))
 
 from tests.cluster import testbed  # noqa: E402
 

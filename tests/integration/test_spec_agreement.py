@@ -20,13 +20,9 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from driver.paths import CHECKOUT, collections_path
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
+from driver.paths import CHECKOUT
 from driver.spec import JobSpecError, validate
-
-# The filter, called from Python too, as the unit tests import it from the checkout.
-if str(collections_path()) not in sys.path:
-    sys.path.insert(0, str(collections_path()))
-from ansible_collections.torchherd.cluster.plugins.filter.plan import plan  # noqa: E402
 
 RUN_ID = "20250101-120000-0a1b"
 # Host variables as an INI inventory's host line gives them: strings.
