@@ -347,7 +347,8 @@ def test_cli_preflight_failure_and_usage_error(cluster3, code_src, tmp_path):
     code, stdout, stderr = cli(*launch_argv(cluster3, code_src, tmp_path, "--master-port",
                                             "high"))
     assert code == Exit.USAGE and stdout == ""
-    assert "job key 'master_port': expected int, found str 'high'" in stderr
+    assert ("argument 'master_port' is of type str found in 'torchherd_job'. and we were "
+            "unable to convert to int" in stderr)
 
 
 def test_cli_unreachable_node(cluster3, code_src, tmp_path):
