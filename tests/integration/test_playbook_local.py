@@ -1,6 +1,7 @@
-"""A plain `ansible-playbook playbooks/launch.yml` on the embedded default (inventories/local.ini:
-two nodes on this machine, no cluster): the job runs, and Ansible prints no deprecation warning
-(the watch runs on a built-in strategy; a collection's own strategy plugin is deprecated in
+"""Plain `ansible-playbook` on the embedded default (inventories/local.ini: two nodes on this
+machine, no cluster): the usage `ansible-playbook playbooks/launch.yml -i cluster.ini` works
+with the job in the inventory or given with -e, and Ansible prints no deprecation warning (the
+watch runs on a built-in strategy; a collection's own strategy plugin is deprecated in
 ansible-core 2.19 and warned about on every launch).
 """
 
@@ -8,12 +9,34 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 from driver.paths import CHECKOUT
+
+LOCAL_INI = CHECKOUT / "inventories" / "local.ini"
+
+
+def playbook(name: str, inventory: Path, cwd: Path, *extra: str) -> str:
+    """Run playbooks/<name>.yml from `cwd` with the checkout's ansible.cfg; its output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=str(CHECKOUT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"),
+         str(CHECKOUT / "playbooks" / f"{name}.yml"), "-i", str(inventory), *extra],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+def only_run(runs: Path) -> Path:
+    found = list(runs.iterdir())
+    assert len(found) == 1, found
+    return found[0]
 
 
 def test_launch_playbook_runs_without_deprecation_warnings(tmp_path: Path) -> None:
@@ -22,14 +45,34 @@ def test_launch_playbook_runs_without_deprecation_warnings(tmp_path: Path) -> No
     job.write_text(json.dumps({"torchherd_job": {
         "script": "allreduce.py", "code_src": str(CHECKOUT / "examples"), "nproc_per_node": 1,
         "runs_dir": str(tmp_path / "runs"), "run_id": run_id}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_CONFIG=str(CHECKOUT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/launch.yml",
-         "-i", "inventories/local.ini", "-e", f"@{job}"],
-        cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
+    output = playbook("launch", LOCAL_INI, CHECKOUT, "-e", f"@{job}")
     assert "DEPRECATION" not in output.upper(), output[-3000:]
     summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
     assert summary["state"] == "succeeded", summary
+
+
+def test_launch_playbook_runs_the_job_of_the_inventory(tmp_path: Path) -> None:
+    # local.ini carries the demo job; nothing else is given, from a directory of its own.
+    playbook("launch", LOCAL_INI, tmp_path)
+    summary = json.loads((only_run(tmp_path / "runs") / "summary.json").read_text())
+    assert summary["state"] == "succeeded", summary
+    assert summary["nproc_per_node"] == 2 and summary["world_size"] == 4
+
+
+def test_verify_takes_the_job_from_the_node_groups_group_vars(tmp_path: Path) -> None:
+    # Where Ansible users put a group's settings: group_vars/<group>.yml beside the inventory.
+    # The plan runs on localhost, which is not in that group.
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    hosts = [line for line in LOCAL_INI.read_text().splitlines()
+             if not line.startswith("torchherd_job=")]
+    (inventory / "hosts.ini").write_text("\n".join(hosts) + "\n")
+    (inventory / "group_vars" / "torchherd_nodes.yml").write_text(json.dumps({"torchherd_job": {
+        "script": "allreduce.py", "code_src": str(CHECKOUT / "examples"), "nproc_per_node": 1,
+        "name": "from-group-vars"}}))
+    playbook("verify", inventory / "hosts.ini", tmp_path)
+    run_dir = only_run(tmp_path / "runs")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["job"]["name"] == "from-group-vars" and plan["nproc_per_node"] == 1
+    assert json.loads((run_dir / "preflight.json").read_text())["gate"]["ok"]
+    shutil.rmtree(run_dir)
