@@ -15,14 +15,16 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import (
-    manifest,
-    tree_hash,
+    MissingLibrary,
+    code_hash,
 )
 
 _ARGS = {
     "path": {"type": "path", "required": True},
     "files": {"type": "list", "elements": "str", "default": []},
     "excludes": {"type": "list", "elements": "str", "default": []},
+    "gitignore": {"type": "bool", "default": True},
+    "explain": {"type": "list", "elements": "str", "default": []},
     "return_files": {"type": "bool", "default": False},
 }
 _LOCAL = ("local", "ansible.builtin.local")
@@ -41,9 +43,12 @@ class ActionModule(ActionBase):
         path = os.path.expanduser(args["path"])
         if not os.path.isdir(path):
             raise AnsibleActionFail(f"code directory {path} does not exist")
-        files = args["files"] or manifest(path, args["excludes"])
-        digest, missing = tree_hash(path, files)
-        result.update(changed=False, hash=digest, count=len(files), missing=missing)
-        if args["return_files"]:
-            result["files"] = files
+        try:
+            found = code_hash(path, args["files"], args["excludes"], args["gitignore"],
+                              args["explain"])
+        except MissingLibrary as exc:
+            raise AnsibleActionFail(str(exc)) from exc
+        if not args["return_files"]:
+            found.pop("files", None)
+        result.update(found)
         return result

@@ -29,6 +29,27 @@ _ARGS = {
 }
 
 
+# From rsync --stats: the files sent, and the bytes that went over the wire (after the delta),
+# to the node on a push, from it on a pull. Digits may be grouped (1,234 or 1.234).
+_STATS_FILES = re.compile(r"^Number of regular files transferred: ([\d,.]+)", re.M)
+_STATS_BYTES = {"push": re.compile(r"^Total bytes sent: ([\d,.]+)", re.M),
+                "pull": re.compile(r"^Total bytes received: ([\d,.]+)", re.M)}
+
+
+def _stat(pattern, out):
+    found = pattern.search(out)
+    return int(re.sub(r"\D", "", found.group(1))) if found else None
+
+
+def outcome(stdout, direction):
+    """The itemized changes, and the files and bytes transferred, of one rsync --stats run.
+    The stats follow the changes; no change line starts like them (each starts with its item
+    code)."""
+    itemized = re.split(r"^Number of files: ", stdout, maxsplit=1, flags=re.M)[0]
+    changes = [ln for ln in itemized.splitlines() if ln.strip()]
+    return changes, _stat(_STATS_FILES, stdout), _stat(_STATS_BYTES[direction], stdout)
+
+
 @functools.lru_cache(maxsize=1)
 def _local_mkpath():
     """Whether the controller's rsync knows --mkpath (3.2.3 and later)."""
@@ -100,7 +121,7 @@ class ActionModule(ActionBase):
             os.makedirs(os.path.expanduser(dest), exist_ok=True)
             src, ssh = self._remote(src)
 
-        argv = ["rsync", "-rlptD", "--itemize-changes", "--out-format=%i %n%L"]
+        argv = ["rsync", "-rlptD", "--itemize-changes", "--out-format=%i %n%L", "--stats"]
         if ssh:
             argv += ["-e", ssh]
         if args["checksum"]:
@@ -136,8 +157,9 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(
                 f"rsync {args['direction']} failed (exit {proc.returncode}): "
                 f"{proc.stderr.strip()[-2000:]}", result={"cmd": shown})
-        changes = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-        result.update(changed=bool(changes), changes=changes[:200], count=len(changes), cmd=shown)
+        changes, files, sent = outcome(proc.stdout, args["direction"])
+        result.update(changed=bool(changes), changes=changes[:200], count=len(changes), cmd=shown,
+                      transferred_files=files, transferred_bytes=sent)
         if args["expect_hash"] and not self._task.check_mode:
             remote = self._execute_module(
                 module_name="torchherd.cluster.code_hash",

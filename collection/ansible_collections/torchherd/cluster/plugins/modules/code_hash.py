@@ -10,8 +10,14 @@ author: torchherd developers (!UNKNOWN)
 version_added: 0.1.0
 short_description: Content hash of a code tree, to prove every node runs the same code
 description:
-  - Without O(files), lists the files under O(path) (excluded patterns pruned) and hashes them;
-    this is how the controller fixes the job's code before the sync.
+  - Without O(files), lists the files under O(path) and hashes them; this is how the controller
+    fixes the job's code (the manifest that the sync sends) before the sync.
+  - The listing leaves out the C(.git) directory, what O(excludes) match, what the C(.gitignore)
+    files of the tree ignore (with O(gitignore); git's semantics, a deeper file's rules win),
+    and what C(.torchherdignore) at O(path) ignores (same syntax; its rules win over the
+    C(.gitignore) files).
+  - Reading C(.gitignore) or C(.torchherdignore) files needs the Python library C(pathspec) where
+    the listing runs (the controller, for the plan); hashing O(files) needs nothing.
   - With O(files), hashes exactly those files under O(path); this is how a node proves, after
     the sync, that it holds the same code as the controller.
   - The hash covers each file's relative path and content (a symlink's target for links).
@@ -38,6 +44,16 @@ options:
     type: list
     elements: str
     default: []
+  gitignore:
+    description: Leave out what the C(.gitignore) files under O(path) ignore when listing.
+    type: bool
+    default: true
+  explain:
+    description: Relative paths to explain when listing; for each that the listing left out,
+      RV(left_out) says which rule did.
+    type: list
+    elements: str
+    default: []
   return_files:
     description: Return the file list (the controller needs it; nodes do not).
     type: bool
@@ -48,7 +64,8 @@ EXAMPLES = r"""
 - name: Hash the job's code on the controller
   torchherd.cluster.code_hash:
     path: ./src
-    excludes: [.git, __pycache__]
+    excludes: [__pycache__]
+    explain: [train.py]
     return_files: true
   delegate_to: localhost
   register: code
@@ -70,6 +87,16 @@ count:
   returned: always
   type: int
   sample: 12
+bytes:
+  description: Total size of the files listed (a symlink counts as its target path).
+  returned: when O(files) is empty
+  type: int
+  sample: 48213
+left_out:
+  description: For each path of O(explain) that the listing left out, the rule that did.
+  returned: when O(files) is empty
+  type: dict
+  sample: {"data/train.py": "data/ is left out by .gitignore line 3 ('data/')"}
 missing:
   description: Files of O(files) that are not under O(path).
   returned: always
@@ -86,11 +113,12 @@ files:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import (
-    manifest,
-    tree_hash,
+    PATHSPEC_IMPORT_ERROR,
+    MissingLibrary,
+    code_hash,
 )
 
 
@@ -100,6 +128,8 @@ def main():
             path=dict(type="path", required=True),
             files=dict(type="list", elements="str", default=[]),
             excludes=dict(type="list", elements="str", default=[]),
+            gitignore=dict(type="bool", default=True),
+            explain=dict(type="list", elements="str", default=[]),
             return_files=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
@@ -107,11 +137,13 @@ def main():
     p = module.params
     if not os.path.isdir(p["path"]):
         module.fail_json(msg=f"code directory {p['path']} does not exist")
-    files = p["files"] or manifest(p["path"], p["excludes"])
-    digest, missing = tree_hash(p["path"], files)
-    result = dict(changed=False, hash=digest, count=len(files), missing=missing)
-    if p["return_files"]:
-        result["files"] = files
+    try:
+        result = code_hash(p["path"], p["files"], p["excludes"], p["gitignore"], p["explain"])
+    except MissingLibrary as exc:
+        module.fail_json(msg=f"{missing_required_lib('pathspec')} ({exc})",
+                         exception=PATHSPEC_IMPORT_ERROR)
+    if not p["return_files"]:
+        result.pop("files", None)
     module.exit_json(**result)
 
 

@@ -106,6 +106,16 @@ count:
   returned: always
   type: int
   sample: 1
+transferred_files:
+  description: Files rsync transferred (its C(--stats) "Number of regular files transferred").
+  returned: always
+  type: int
+  sample: 3
+transferred_bytes:
+  description: Bytes that went over the wire (rsync's C(--stats) "Total bytes sent" on a push, "received" on a pull).
+  returned: always
+  type: int
+  sample: 11041
 hash:
   description: The code hash found on the node.
   returned: when O(expect_hash) is set
@@ -116,5 +126,5 @@ cmd:
   returned: always
   type: list
   elements: str
-  sample: [rsync, -rlptD, --itemize-changes, "--out-format=%i %n%L", /home/me/train/, "node0:/var/tmp/torchherd/code/train/"]
+  sample: [rsync, -rlptD, --itemize-changes, "--out-format=%i %n%L", --stats, /home/me/train/, "node0:/var/tmp/torchherd/code/train/"]
 """

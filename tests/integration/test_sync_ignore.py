@@ -1,0 +1,54 @@
+"""A real launch on the embedded default (inventories/local.ini: two nodes on this machine, no
+cluster) of a code directory whose .gitignore lists data/: nothing of data/ reaches either
+node's code directory, and the job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from driver.paths import CHECKOUT
+
+# local.ini's torchherd_root of each node; the code lands in <root>/code/<job name>.
+NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+
+# Runs on every node, in its code directory: the job itself fails where data/ came along.
+CHECK = """\
+import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.exit(f"data/ was synced to {here}" if os.path.exists(os.path.join(here, "data")) else 0)
+"""
+
+
+def test_gitignored_data_stays_on_the_controller(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "data").mkdir(parents=True)
+    (code / ".gitignore").write_text("data/\n")
+    (code / "data" / "shard-0.bin").write_bytes(os.urandom(4 << 20))
+    (code / "check.py").write_text(CHECK)
+    run_id = f"sync-ignore-{uuid.uuid4().hex[:8]}"
+    code_dirs = [root / "code" / run_id for root in NODE_ROOTS]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
+             "--code-src", str(code), "--name", run_id, "--run-id", run_id,
+             "--nproc-per-node", "1", "--runs-dir", str(tmp_path / "runs"), "--json",
+             "--", "check.py"],
+            cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        assert json.loads(proc.stdout)["state"] == "succeeded", proc.stdout[-3000:]
+        for code_dir in code_dirs:
+            assert sorted(p.name for p in code_dir.iterdir()) == [".gitignore", "check.py"]
+        plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
+        assert plan["code_files"] == 2
+    finally:
+        for code_dir in code_dirs:
+            shutil.rmtree(code_dir, ignore_errors=True)
