@@ -1,14 +1,15 @@
+# PYTHON_ARGCOMPLETE_OK
 """torchherd: launch and inspect multi-node torchrun jobs (python -m driver, or torchherd).
 
-Data goes to stdout (--json: one JSON document), messages and progress to stderr: a live
-per-node table on a terminal, plain lines otherwise. Exit codes: 0 ok, 2 usage error,
-3 preflight failed, 4 job failed, 5 node unreachable, 6 timeout, 130 cancelled.
+Data goes to stdout (--json: one JSON document, also for a usage error), messages and progress
+to stderr: a live per-node table on a terminal, plain lines otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
@@ -16,8 +17,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
+import argcomplete
+from argcomplete.completers import ChoicesCompleter
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -26,94 +29,177 @@ from rich.table import Table
 from driver import api
 from driver.logs import parse_line
 from driver.progress import Progress
-from driver.result import Exit, RunResult, UsageError
+from driver.result import Exit, RunResult, UsageError, usage_document
 from driver.spec import JobSpecError, job_options, read_job_file, validate
 
 # Job keys with flags of their own shape (script and args come after --; --runs-dir is
 # common to every action).
 _SPECIAL_KEYS = {"script", "args", "secret_env", "detach", "runs_dir"}
 _MARKUP = re.compile(r"[CIOV]\(([^)]*)\)")
+RUNS_DIR_ENV = "TORCHHERD_RUNS_DIR"
+
+_EXIT_MEANINGS = {
+    Exit.OK: "done (launch --detach: the job is running)",
+    Exit.ERROR: "failed in a way none of the codes below names; see the message",
+    Exit.USAGE: "bad flags, job spec or run id; nothing was started",
+    Exit.PREFLIGHT_FAILED: "a preflight check failed on a node; nothing was started",
+    Exit.JOB_FAILED: "the job failed, or a launch was stopped from elsewhere",
+    Exit.NODE_UNREACHABLE: "a node was unreachable, or lost while the job ran",
+    Exit.TIMEOUT: "the job ran past its timeout and was stopped",
+    Exit.CANCELLED: "cancelled by Ctrl-C or SIGTERM",
+}
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("torchherd")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout without pip install
+        return "unknown"
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {int(code):>3}  {code.name.lower():<17} {_EXIT_MEANINGS[code]}"
+                      for code in Exit)
+    return (f"exit codes (--json: exit_code, exit_name):\n{codes}\n\n"
+            f"environment:\n"
+            f"  {RUNS_DIR_ENV:<26}  default of --runs-dir\n"
+            f"  {'TORCHHERD_COLLECTIONS_PATH':<26}  directory holding ansible_collections/ "
+            f"(default: torchherd's own)\n\n"
+            f"shell completion (bash, zsh): eval \"$(register-python-argcomplete torchherd)\"")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors raised as UsageError, so that --json reports them too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise UsageError(f"{message}; see {self.prog} --help")
 
 
 def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
+def _shown(value: Any) -> str:
+    """A job spec default as a job file spells it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return str(value)
+
+
 def _job_args(parser: argparse.ArgumentParser, launch: bool) -> None:
-    """Flags for the job keys, generated from the job spec (the one definition)."""
+    """Flags for the job keys, generated from the job spec (the one definition). They default
+    to None, not to the spec's default, so that a flag not given leaves the job file's value;
+    the help shows the spec's default."""
     parser.add_argument("-i", "--inventory", required=True, help="Ansible inventory of the nodes")
     parser.add_argument("-j", "--job", metavar="FILE",
                         help="job spec YAML (torchherd_job: or its keys); flags override it")
     for key, opt in job_options().items():
         if key in _SPECIAL_KEYS:
             continue
+        notes = ["repeat for several"] if opt.get("type") in ("list", "dict") else []
+        if opt.get("default") not in (None, "", [], {}):
+            notes.append(f"default: {_shown(opt['default'])}")
         text = _MARKUP.sub(r"\1", opt.get("description", ""))
+        if notes:
+            text += f" ({'; '.join(notes)})"
+        text = text.replace("%", "%%")  # argparse %-formats help texts
         if opt.get("type") == "list":
             parser.add_argument(_flag(key), dest=f"job_{key}", action="append", metavar="VALUE",
-                                help=f"{text} (repeat for several)")
+                                help=text)
         elif opt.get("type") == "dict":
             names = ["-e", _flag(key)] if key == "env" else [_flag(key)]
             parser.add_argument(*names, dest=f"pairs_{key}", action="append", default=[],
-                                metavar="KEY=VALUE", help=f"{text} (repeat for several)")
+                                metavar="KEY=VALUE", help=text)
         else:
-            parser.add_argument(_flag(key), dest=f"job_{key}", metavar=key.upper(), help=text)
+            # Choices are shown and completed, and checked by the job spec's validator with
+            # the playbooks' own message.
+            choices = opt.get("choices") or (["true", "false"] if opt.get("type") == "bool"
+                                             else None)
+            flag = parser.add_argument(
+                _flag(key), dest=f"job_{key}", help=text,
+                metavar="{" + ",".join(map(str, choices)) + "}" if choices else key.upper())
+            if choices:
+                flag.completer = ChoicesCompleter(choices)
     parser.add_argument("--secret-env", action="append", default=[], metavar="NAME",
                         help="environment variable of the job whose value is taken from this "
-                             "driver's environment and never printed or written (repeatable)")
+                             "driver's environment and never printed or written (repeat for "
+                             "several)")
     if launch:
         parser.add_argument("--detach", action="store_true",
                             help="return once the job started on every node")
         parser.add_argument("--on-interrupt", choices=["stop", "detach"], default="stop",
-                            help="on Ctrl-C: stop the job on every node (default) or leave it "
-                                 "running detached")
-    _common(parser)
+                            help="on Ctrl-C: stop the job on every node, or leave it running "
+                                 "detached (default: %(default)s)")
+    _common(parser, job=True)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- script [args...] (script relative to --code-src)")
 
 
+def _complete_run_ids(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    return [r.run_id for r in api.runs(getattr(parsed_args, "runs_dir", None))]
+
+
 def _run_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id", help="the run id (see `torchherd runs`)")
+    run_id = parser.add_argument("run_id", help="the run id (see `torchherd runs`)")
+    run_id.completer = _complete_run_ids
     parser.add_argument("-i", "--inventory",
                         help="Ansible inventory (default: the one the run was launched with)")
     _common(parser)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, *, job: bool = False, verbose: bool = True) -> None:
+    fallback = "the job file's runs_dir, else runs" if job else "runs"
     parser.add_argument("--runs-dir", dest="runs_dir", metavar="DIR",
-                        help="directory of runs/<run_id>/ (default runs)")
+                        default=os.environ.get(RUNS_DIR_ENV) or None,
+                        help=f"directory of runs/<run_id>/ (default: ${RUNS_DIR_ENV}, else "
+                             f"{fallback})")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="show Ansible's own output instead of the progress (-vv... more)")
+    if verbose:
+        parser.add_argument("-v", "--verbose", action="count", default=0,
+                            help="show Ansible's own output instead of the progress (-vv... "
+                                 "more)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchherd", description=__doc__, allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="torchherd", description=__doc__, epilog=_epilog(), allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    def action(name: str, text: str) -> argparse.ArgumentParser:
+    def action(name: str, text: str, *examples: str) -> argparse.ArgumentParser:
+        lines = "\n".join(f"  %(prog)s {example}".rstrip() for example in examples)
         # No abbreviated flags: --nproc must not pass for --nproc-per-node silently.
-        return sub.add_parser(name, help=text, description=text, allow_abbrev=False)
+        return sub.add_parser(name, help=text, description=text, allow_abbrev=False,
+                              epilog=f"examples:\n{lines}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    _job_args(action("launch", "verify the nodes, sync, start torchrun, watch, collect"),
+    _job_args(action("launch", "verify the nodes, sync, start torchrun, watch, collect",
+                     "-i inventories/cluster.ini --nproc-per-node auto -- examples/train_ddp.py "
+                     "--epochs 10",
+                     "-i inventories/local.ini -j job.yml --detach --json"),
               launch=True)
-    _job_args(action("verify", "preflight only: check every node, start nothing"),
+    _job_args(action("verify", "preflight only: check every node, start nothing",
+                     "-i inventories/cluster.ini -j job.yml"),
               launch=False)
-    _run_args(action("status", "the job's state on every node of a run"))
-    _run_args(action("stop", "stop a run's job on every node, then collect"))
-    _run_args(action("collect", "fetch a run's logs and artifacts, write summary.json"))
-    logs = action("logs", "every node's log, lines prefixed with host and rank")
+    _run_args(action("status", "the job's state on every node of a run",
+                     "RUN_ID", "RUN_ID --json"))
+    _run_args(action("stop", "stop a run's job on every node, then collect", "RUN_ID"))
+    _run_args(action("collect", "fetch a run's logs and artifacts, write summary.json",
+                     "RUN_ID -i inventories/cluster.ini"))
+    logs = action("logs", "every node's log, lines prefixed with host and rank",
+                  "RUN_ID --follow", "RUN_ID --no-fetch > all-nodes.log")
     _run_args(logs)
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep fetching and printing new lines while the job runs")
     logs.add_argument("--interval", type=float, default=3.0,
-                      help="seconds between fetches with --follow (default 3)")
+                      help="seconds between fetches with --follow (default: %(default)s)")
     logs.add_argument("--no-fetch", dest="fetch", action="store_false",
                       help="print what was fetched before; touch no node")
-    runs = action("runs", "list past runs: id, state, start, nodes, reason")
-    runs.add_argument("--runs-dir", dest="runs_dir", metavar="DIR",
-                      help="directory of runs/<run_id>/ (default runs)")
-    runs.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    _common(action("runs", "list past runs: id, state, start, nodes, reason",
+                   "", "--json --runs-dir ~/torchherd-runs"), verbose=False)
     return parser
 
 
@@ -170,11 +256,25 @@ def _program() -> str:
     return "python -m driver" if sys.argv[0].endswith("__main__.py") else "torchherd"
 
 
+def _console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        # Rich folds tables to 80 columns when no terminal tells it the width; piped output
+        # (a file, grep) must keep a run id or a host name on one line.
+        console.width = sys.maxsize
+    return console
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
 class Ui:
     """stderr: a live table on a terminal, plain lines otherwise; stdout: data only."""
 
     def __init__(self, verbose: int = 0) -> None:
-        self.err = Console(stderr=True, highlight=False)
+        self.err = _console(stderr=True)
         self.verbose = verbose
 
     def say(self, text: str, style: str = "") -> None:
@@ -236,8 +336,7 @@ class Ui:
         if result.run_dir.exists():
             self.say(f"run directory: {result.run_dir}")
         if as_json:
-            sys.stdout.write(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
-            sys.stdout.flush()
+            _print_json(result.to_dict())
         return int(result.exit_code)
 
 
@@ -300,7 +399,7 @@ def _logs(args: argparse.Namespace, ui: Ui) -> int:
     except KeyboardInterrupt:
         return Exit.CANCELLED
     if args.json:
-        sys.stdout.write(json.dumps({"run_id": args.run_id, "lines": lines}, indent=2) + "\n")
+        _print_json({"run_id": args.run_id, "lines": lines})
     result = stream.result
     if result is None:
         return Exit.OK
@@ -312,7 +411,7 @@ def _logs(args: argparse.Namespace, ui: Ui) -> int:
 def _runs(args: argparse.Namespace, ui: Ui) -> int:
     found = api.runs(args.runs_dir)
     if args.json:
-        sys.stdout.write(json.dumps({"runs": [r.to_dict() for r in found]}, indent=2) + "\n")
+        _print_json({"runs": [r.to_dict() for r in found]})
         return Exit.OK
     table = Table(box=None, pad_edge=False)
     for col in ("run id", "state", "started", "nodes", "reason"):
@@ -321,7 +420,7 @@ def _runs(args: argparse.Namespace, ui: Ui) -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)) \
             if r.started_at else "-"
         table.add_row(r.run_id, r.state, started, ",".join(r.nodes), escape(r.reason))
-    Console(highlight=False, soft_wrap=True).print(table)
+    _console().print(table)
     return Exit.OK
 
 
@@ -331,11 +430,22 @@ _ACTIONS: dict[str, Callable[[argparse.Namespace, Ui], int]] = {
 }
 
 
+def _json_asked(argv: list[str]) -> bool:
+    """--json among torchherd's own flags (one after -- belongs to the script)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    ui = Ui(getattr(args, "verbose", 0))
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    argcomplete.autocomplete(parser)
+    args: argparse.Namespace | None = None
     try:
-        return _ACTIONS[args.action](args, ui)
+        args = parser.parse_args(argv)
+        return _ACTIONS[args.action](args, Ui(getattr(args, "verbose", 0)))
     except UsageError as exc:
-        ui.say(f"torchherd: {exc}", "red")
+        Ui().say(f"torchherd: {exc}", "red")
+        if args.json if args else _json_asked(argv):
+            action = args.action if args else next(iter(argv), None)
+            _print_json(usage_document(action if action in _ACTIONS else None, str(exc)))
         return Exit.USAGE

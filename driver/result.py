@@ -90,6 +90,13 @@ class RunResult:
         }
 
 
+def usage_document(action: str | None, reason: str) -> dict[str, Any]:
+    """The ``--json`` document of a request refused before any run (driver/schema.json,
+    usage): the verdict keys of a run's document, without a run."""
+    return {"action": action, "state": "invalid", "exit_code": int(Exit.USAGE),
+            "exit_name": Exit.USAGE.name.lower(), "reason": reason}
+
+
 @dataclass
 class RunInfo:
     """A past run, as ``runs()`` lists it from the runs directory."""

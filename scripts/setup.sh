@@ -14,7 +14,9 @@ fi
 if ! .venv/bin/python -c 'import torch, numpy; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
   .venv/bin/pip install -q torch==2.13.0 numpy
 fi
-if ! .venv/bin/python -c 'import driver, ansible_runner, pytest, ruff, ansiblelint, molecule, jsonschema' 2>/dev/null; then
+# Every runtime and test dependency is named here, so that a venv made before one was added
+# gets it too.
+if ! .venv/bin/python -c 'import driver, ansible_runner, argcomplete, pathspec, pytest, ruff, ansiblelint, molecule, jsonschema' 2>/dev/null; then
   .venv/bin/pip install -q -e '.[test]'
 fi
 if [ "${1:-}" = "--cluster" ]; then

@@ -1,6 +1,11 @@
-"""The CLI's job spec from flags and files, its usage errors and the --json schema."""
+"""The CLI: job spec from flags and files, usage errors, the --json schema, and the
+conventions of a command line (--version, help, completion, piped output, environment)."""
 
+import importlib.metadata
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -55,9 +60,9 @@ def test_spec_errors_name_the_key(argv, expected):
 
 def test_usage_errors_exit_2_before_ansible(capsys, tmp_path):
     # An unknown flag (no abbreviations either) is argparse's usage error.
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["launch", "-i", "inv", "--nproc", "2", "--", "t.py"])
-    assert exc.value.code == 2
+    assert cli.main(["launch", "-i", "inv", "--nproc", "2", "--", "t.py"]) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert "usage: torchherd" in err and "unrecognized arguments: --nproc" in err
     assert cli.main(["launch", "-i", "inv", "--timeout", "soon", "--", "t.py"]) == Exit.USAGE
     assert ("argument 'timeout' is of type str found in 'torchherd_job'. and we were unable to "
             "convert to int" in capsys.readouterr().err)
@@ -86,3 +91,112 @@ def test_runs_json_matches_the_schema(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
     assert doc["runs"][0]["run_id"] == "r1" and doc["runs"][0]["state"] == "unknown"
+
+
+def write_run(runs_dir: Path, run_id: str, nodes: list[str]) -> None:
+    (runs_dir / run_id).mkdir(parents=True)
+    (runs_dir / run_id / "plan.json").write_text(json.dumps(
+        {"started_at": 1.0, "nodes": [{"host": n, "node_rank": i} for i, n in enumerate(nodes)]}))
+
+
+def test_version(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"torchherd {importlib.metadata.version('torchherd')}\n"
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out == "torchherd unknown\n"
+
+
+@pytest.mark.parametrize("argv,action,reason", [
+    (["launch", "-i", "inv", "--nproc", "2", "--json", "--", "t.py"], "launch",
+     "unrecognized arguments: --nproc"),
+    (["launch", "--json", "--", "t.py"], "launch", "the following arguments are required: -i"),
+    (["launch", "-i", "inv", "--timeout", "soon", "--json", "--", "t.py"], "launch",
+     "argument 'timeout' is of type str"),
+    (["status", "nope", "--runs-dir", "{tmp}", "--json"], "status", "run nope: expected"),
+    (["--json"], None, "the following arguments are required: ACTION"),
+    (["bogus", "--json"], None, "invalid choice: 'bogus'"),
+])
+def test_usage_error_with_json_prints_one_document(argv, action, reason, capsys, tmp_path):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert cli.main(argv) == Exit.USAGE
+    out = capsys.readouterr().out
+    doc = json.loads(out)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["exit_code"] == 2 and doc["exit_name"] == "usage" and doc["state"] == "invalid"
+    assert doc["action"] == action and reason in doc["reason"]
+
+
+def test_json_after_double_dash_is_the_scripts(capsys):
+    assert cli.main(["launch", "--", "t.py", "--json"]) == Exit.USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and "required: -i/--inventory" in err
+
+
+def test_runs_dir_from_the_environment(tmp_path, monkeypatch, capsys):
+    runs_dir = (tmp_path / "elsewhere").resolve()
+    write_run(runs_dir, "r1", ["n0"])
+    monkeypatch.setenv(cli.RUNS_DIR_ENV, str(runs_dir))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["runs", "--json"]) == Exit.OK
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["r1"]
+    assert cli.main(["status", "nope"]) == Exit.USAGE
+    assert f"expected {runs_dir}/nope/plan.json" in capsys.readouterr().err
+    # The flag still wins.
+    assert cli.main(["runs", "--json", "--runs-dir", str(tmp_path)]) == Exit.OK
+    assert json.loads(capsys.readouterr().out) == {"runs": []}
+
+
+def test_tables_not_folded_when_piped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    run_id = "20261123-212706-" + "a" * 40
+    nodes = [f"node-{i}.a-long-cluster-domain.example" for i in range(3)]
+    write_run(tmp_path, run_id, nodes)
+    assert cli.main(["runs", "--runs-dir", str(tmp_path)]) == Exit.OK
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith(run_id) and ",".join(nodes) in line
+
+    result = RunResult(run_id, tmp_path / run_id, "status", "running", Exit.OK, "running",
+                       hosts={nodes[0]: {"node_rank": 0, "state": "running", "exit_code": None,
+                                         "log": None, "artifacts": []}})
+    cli.Ui().report(result, as_json=False)
+    err = capsys.readouterr().err
+    assert any(nodes[0] in line and "running" in line for line in err.splitlines())
+    assert f"run {run_id} running: running" in err
+
+
+def test_help_shows_defaults_choices_examples_and_exit_codes(capsys):
+    def help_of(*argv):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([*argv, "--help"])
+        assert exc.value.code == 0
+        return " ".join(capsys.readouterr().out.split())
+
+    launch = help_of("launch")
+    assert "--backend {auto,gloo,nccl} Collective backend" in launch
+    assert "--firewall {true,false}" in launch
+    assert "Rendezvous port on the master. (default: 29500)" in launch
+    assert "(default: stop)" in launch and "$TORCHHERD_RUNS_DIR" in launch
+    assert "examples: torchherd launch -i inventories/cluster.ini" in launch
+    assert "examples: torchherd logs RUN_ID --follow" in help_of("logs")
+    top = help_of()
+    for code in Exit:
+        assert f"{int(code)} {code.name.lower()} " in top
+
+
+def test_run_ids_complete_from_the_runs_dir(tmp_path):
+    write_run(tmp_path, "20261123-aaa", ["n0"])
+    write_run(tmp_path, "20261124-bbb", ["n0"])
+    out = tmp_path / "completions"
+    line = "torchherd status 20261123"
+    env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+           "_ARGCOMPLETE_STDOUT_FILENAME": str(out), cli.RUNS_DIR_ENV: str(tmp_path)}
+    subprocess.run([sys.executable, "-m", "driver"], env=env, check=True, timeout=60)
+    assert out.read_text().split("\013") == ["20261123-aaa "]

@@ -147,12 +147,33 @@ def test_not_a_dict():
         plan(["script"], GROUPS, HOSTVARS)
 
 
-def test_redact_hides_secret_values_only():
-    p = run(env={"A": "1"}, secret_env={"TOKEN": "hunter2"})
-    shown = redact(p)
-    assert shown["job"]["secret_env"] == {"TOKEN": "********"}
-    assert shown["job"]["env"] == {"A": "1"}
-    assert p["job"]["secret_env"] == {"TOKEN": "hunter2"}
+def test_the_plan_keeps_secret_names_and_never_their_values():
+    job = {"script": "train.py", "env": {"A": "1"}, "secret_env": {"TOKEN": "hunter2"}}
+    p = plan(job, GROUPS, HOSTVARS)
+    # The plan is a fact (shown at -v, recorded by result callbacks) and plan.json as it is.
+    assert p["job"]["secret_env"] == {"TOKEN": "********"}
+    assert "hunter2" not in repr(p)
+    assert p["job"]["env"] == {"A": "1"}
+    assert redact(p) == p
+    # The start takes the values from the job itself: the plan leaves it as it was.
+    assert job["secret_env"] == {"TOKEN": "hunter2"}
+
+
+def test_redact_hides_secret_values_only_at_any_depth():
+    data = {"job": {"env": {"A": "1"}, "secret_env": {"T": "s3", "N": 42}},
+            "runs": [{"secret_env": {"K": "v"}, "secret": "not a secret_env"}]}
+    assert redact(data) == {"job": {"env": {"A": "1"}, "secret_env": {"T": "********",
+                                                                      "N": "********"}},
+                            "runs": [{"secret_env": {"K": "********"},
+                                      "secret": "not a secret_env"}]}
+    assert data["job"]["secret_env"]["T"] == "s3"
+
+
+def test_a_refused_job_does_not_show_its_secret_values():
+    message = fails("job.master_port", master_port=70000, secret_env={"TOKEN": "hunter2"})
+    assert "hunter2" not in message
+    message = fails("argument 'secret_env' is of type list", secret_env=["TOKEN=hunter2"])
+    assert "hunter2" not in message
 
 
 def test_srun_launcher_needs_slurm_nodes():

@@ -60,7 +60,11 @@ _value:
       type: str
       sample: 20250101-120000-0a1b
     job:
-      description: The job, coerced as the argument spec says, with every default filled in.
+      description:
+        - The job, coerced as the argument spec says, with every default filled in.
+        - C(secret_env) keeps its names only, each value replaced by C(********) (filter
+          C(torchherd.cluster.redact)), because the plan is a fact, which Ansible shows and
+          result callbacks record. The start takes the values from C(torchherd_job) itself.
       type: dict
     nodes:
       description: One entry per node, in rank order.
@@ -141,6 +145,8 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.validation import check_type_list
 from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
 
 SPEC_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -362,7 +368,7 @@ def plan(job, groups, hostvars, run_id=""):
     root_of = {h: str(hvs[h].get("torchherd_root") or DEFAULT_ROOT) for h in nodes}
     return {
         "run_id": run_id,
-        "job": merged,
+        "job": redact(merged),
         "nodes": [{"host": h, "address": addresses[h], "node_rank": i, "root": root_of[h],
                    "code_dir": merged["code_dest"] or f"{root_of[h]}/code/{name}",
                    "python": str(merged["python"] or hvs[h].get("ansible_python_interpreter")

@@ -1,6 +1,6 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""Secrets out of the plan before it is written to a file or shown."""
+"""Secret values out of whatever is set as a fact, shown or written (the plan among them)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ short_description: Hide the values of every secret_env in a plan or a job
 description:
   - Returns a copy of the input in which every C(secret_env) dictionary, at any depth, keeps its
     names but has each value replaced by C(********).
-  - Everything else comes back as it is, so the result is fit for files and output, such as
-    C(plan.json) and C(summary.json).
+  - Everything else comes back as it is, so the result is fit for facts, files and output.
+    The filter C(torchherd.cluster.plan) applies it to the job it returns, so the plan (a fact,
+    C(plan.json), C(summary.json)) never holds a secret value.
 positional: _input
 options:
   _input:
