@@ -20,10 +20,12 @@ from driver.paths import CHECKOUT
 LOCAL_INI = CHECKOUT / "inventories" / "local.ini"
 
 
-def playbook(name: str, inventory: Path, cwd: Path, *extra: str) -> str:
+def playbook(name: str, inventory: Path, cwd: Path, *extra: str, home: Path | None = None) -> str:
     """Run playbooks/<name>.yml from `cwd` with the checkout's ansible.cfg; its output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_CONFIG=str(CHECKOUT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    if home:
+        env["HOME"] = str(home)
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"),
          str(CHECKOUT / "playbooks" / f"{name}.yml"), "-i", str(inventory), *extra],
@@ -76,3 +78,18 @@ def test_verify_takes_the_job_from_the_node_groups_group_vars(tmp_path: Path) ->
     assert plan["job"]["name"] == "from-group-vars" and plan["nproc_per_node"] == 1
     assert json.loads((run_dir / "preflight.json").read_text())["gate"]["ok"]
     shutil.rmtree(run_dir)
+
+
+def test_paths_with_a_tilde_are_the_users_home(tmp_path: Path) -> None:
+    # As the driver reads them: ~ is the home directory, not a directory named ~.
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    shutil.copy(CHECKOUT / "examples" / "allreduce.py", home / "src")
+    job = tmp_path / "job.yml"
+    job.write_text(json.dumps({"torchherd_job": {
+        "script": "allreduce.py", "code_src": "~/src", "runs_dir": "~/runs",
+        "nproc_per_node": 1}}))
+    playbook("verify", LOCAL_INI, tmp_path, "-e", f"@{job}", home=home)
+    plan = json.loads((only_run(home / "runs") / "plan.json").read_text())
+    assert plan["job"]["code_src"] == str(home / "src")
+    assert not (tmp_path / "~").exists()
