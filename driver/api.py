@@ -87,7 +87,7 @@ class RunHandle:
     consumer of ``events()`` at a time.
     """
 
-    def __init__(self, run_id: str, run_dir: Path, inventory: Path, action: str,
+    def __init__(self, run_id: str, run_dir: Path, inventory: str, action: str,
                  work: Callable[[RunHandle], RunResult],
                  on_interrupt: OnInterrupt = "stop") -> None:
         self.run_id = run_id
@@ -183,7 +183,22 @@ def _prepare(job: dict[str, Any], runs_dir: str | Path | None) -> dict[str, Any]
     return job
 
 
-def _remember_inventory(run_dir: Path, inventory: Path) -> None:
+def inventory_source(value: str | Path) -> str:
+    """What ansible-playbook's -i takes, checked before anything runs: an inventory file or
+    directory (absolute, so that status, stop and collect find it from anywhere), or an inline
+    host list (``node1,node2,``) as Ansible reads it."""
+    text = str(value)
+    path = Path(text).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if "," in text:
+        return text
+    raise UsageError(f"inventory {text}: expected an inventory file or directory, or an inline "
+                     f"host list (node1,node2,), found no such file; fix: give the path of "
+                     f"your inventory (e.g. inventories/cluster.ini)")
+
+
+def _remember_inventory(run_dir: Path, inventory: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / DRIVER_FILE).write_text(json.dumps({"inventory": str(inventory)}) + "\n",
                                        encoding="utf-8")
@@ -267,9 +282,10 @@ def launch_async(
     expected type). ``on_interrupt`` is what ``cancel()`` does to a started job by default.
     With ``job['detach']`` the run ends once the job started on every node (state running).
     """
+    source = inventory_source(inventory)
     job = _prepare(job, runs_dir)
     run_dir = Path(job["runs_dir"]) / job["run_id"]
-    return RunHandle(job["run_id"], run_dir, Path(inventory).resolve(), "launch",
+    return RunHandle(job["run_id"], run_dir, source, "launch",
                      _launch_work(job, verbosity), on_interrupt).start()
 
 
@@ -296,6 +312,7 @@ def launch(
 def verify_async(job: dict[str, Any], inventory: str | Path, *,
                  runs_dir: str | Path | None = None, verbosity: int = 0) -> RunHandle:
     """Start the verify playbook (plan and preflight only) in a thread."""
+    source = inventory_source(inventory)
     job = _prepare(job, runs_dir)
     run_dir = Path(job["runs_dir"]) / job["run_id"]
 
@@ -310,7 +327,7 @@ def verify_async(job: dict[str, Any], inventory: str | Path, *,
         finally:
             _forget_unplanned(run_dir)
 
-    return RunHandle(job["run_id"], run_dir, Path(inventory).resolve(), "verify", work).start()
+    return RunHandle(job["run_id"], run_dir, source, "verify", work).start()
 
 
 def verify(job: dict[str, Any], inventory: str | Path, *, runs_dir: str | Path | None = None,
@@ -328,7 +345,7 @@ def _runs_dir(runs_dir: str | Path | None) -> Path:
 
 
 def _existing_run(run_id: str, runs_dir: str | Path | None,
-                  inventory: str | Path | None) -> tuple[Path, Path]:
+                  inventory: str | Path | None) -> tuple[Path, str]:
     """The run's directory and inventory (given, or the one its launch recorded)."""
     run_dir = _runs_dir(runs_dir) / run_id
     if not (run_dir / "plan.json").is_file():
@@ -339,7 +356,7 @@ def _existing_run(run_id: str, runs_dir: str | Path | None,
         if not inventory:
             raise UsageError(f"run {run_id}: expected an inventory, found none given and none "
                              f"recorded by its launch; pass -i INVENTORY")
-    return run_dir, Path(inventory).resolve()
+    return run_dir, inventory_source(inventory)
 
 
 def act_async(action: Action, run_id: str, *, runs_dir: str | Path | None = None,
@@ -388,7 +405,7 @@ class LogStream:
     ``result`` is the RunResult of the latest fetch (None with ``fetch=False``).
     """
 
-    def __init__(self, run_id: str, run_dir: Path, inventory: Path | None, follow: bool,
+    def __init__(self, run_id: str, run_dir: Path, inventory: str | None, follow: bool,
                  interval: float, fetch: bool) -> None:
         self.run_id, self.run_dir, self.inventory = run_id, run_dir, inventory
         self.follow, self.interval, self.fetch = follow, interval, fetch
