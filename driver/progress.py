@@ -3,8 +3,8 @@
 Phases carry the names of the data flow (plan, preflight, sync, firewall, start, watch,
 collect, teardown, summary) and of the run actions (status, stop). They come from what every
 event carries as Ansible's contract, never from task or play display names: the module a task
-runs and the role it belongs to (see PHASES). Only chosen fields of a result are read: some
-results (the plan's set_fact) hold secret values.
+runs and the role it belongs to (see PHASES). Only chosen fields of a result are read, so that
+nothing it shows can carry a secret value.
 """
 
 from __future__ import annotations

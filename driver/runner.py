@@ -93,8 +93,9 @@ def run_playbook(
     """Run one of the collection's playbooks and wait for it.
 
     ``on_event`` gets every ansible-runner event (in this thread), with the values of
-    secret_env replaced wherever they appear (the plan's set_fact result holds them in clear,
-    and so does Ansible's output at higher verbosity). ``cancelled`` is polled a
+    secret_env replaced wherever they appear (a second layer: the plan holds secret names only
+    and the start task is no_log, but the values pass through the start task's arguments).
+    ``cancelled`` is polled a
     few times a second; once it returns True the playbook is killed and the outcome's status
     is ``canceled``. Passing it also keeps ansible-runner's own SIGINT handler out of the way.
     """
@@ -115,8 +116,8 @@ def run_playbook(
                 "ok", "dark", "failures", "ignored", "rescued", "skipped", "changed")})
         if on_event:
             on_event(event)
-        # False: ansible-runner keeps no copy on disk (results such as the plan's set_fact
-        # carry secret_env values in clear).
+        # False: ansible-runner keeps no copy of the events on disk (a second layer against a
+        # secret value that some result might carry).
         return False
 
     env = {
