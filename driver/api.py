@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import re
 import secrets
 import threading
 import time
@@ -62,11 +63,19 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
+# ansible-core's account of where a plugin failed ("Task failed: Finalization of task args for
+# 'ansible.builtin.set_fact' failed: Error while resolving value for 'torchherd_plan': The
+# filter plugin 'torchherd.cluster.plan' failed: ..."), in front of the plugin's own message.
+_ANSIBLE_WRAPPER = re.compile(r"^(?:Task failed: |Finalization of task args for '[^']*' failed: "
+                              r"|Error while resolving value for '[^']*': "
+                              r"|The \w+ plugin '[^']*' failed: )+")
+
+
 def _first_message(outcome: Outcome) -> str:
     for event in outcome.failures:
         data = event.get("event_data", {})
         res = data.get("res", {})
-        msg = res.get("msg") or res.get("stderr") or ""
+        msg = _ANSIBLE_WRAPPER.sub("", str(res.get("msg") or res.get("stderr") or ""))
         if msg:
             host = data.get("host", "")
             return f"{host}: {msg}" if host and host != "localhost" else str(msg)

@@ -1,4 +1,5 @@
-"""The inventory the driver hands to ansible-playbook, checked before anything runs."""
+"""What the driver checks and says before and after Ansible: the inventory it hands to
+ansible-playbook, and the failure message it reports."""
 
 from __future__ import annotations
 
@@ -40,3 +41,19 @@ def test_a_missing_inventory_is_named_before_anything_runs(tmp_path, monkeypatch
     doc = json.loads(capsys.readouterr().out)
     assert doc["exit_code"] == Exit.USAGE and "inventory nope.ini" in doc["reason"]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_ansible_cores_wrapper_is_stripped_from_the_plans_message():
+    from driver.api import _first_message
+    from driver.runner import Outcome
+
+    own = "torchherd plan: the job cannot start:\n  - job.nproc_per_node: expected a positive"
+    wrapped = ("Task failed: Finalization of task args for 'ansible.builtin.set_fact' failed: "
+               "Error while resolving value for 'torchherd_plan': The filter plugin "
+               "'torchherd.cluster.plan' failed: " + own)
+    failure = {"event": "runner_on_failed",
+               "event_data": {"host": "localhost", "res": {"msg": wrapped}}}
+    assert _first_message(Outcome(status="failed", rc=2, failures=[failure])) == own
+    node = {"event": "runner_on_failed",
+            "event_data": {"host": "n1", "res": {"msg": "Task failed."}}}
+    assert _first_message(Outcome(status="failed", rc=2, failures=[node])) == "n1: Task failed."
