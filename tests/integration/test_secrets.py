@@ -134,11 +134,6 @@ def test_playbook_at_vvvv_with_a_recording_callback_shows_no_secret(
                     run.record, run.runs_dir, *NODE_ROOTS)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ansible-core 2.19 hands callbacks each result's task with its arguments templated "
-    "(result.task.args, result.task_fields), no_log notwithstanding: the start task's "
-    "secret_env argument holds the values. Fix: the torchrun_job action plugin takes them "
-    "from the job variable itself, so that no task argument holds them."))
 def test_templated_task_arguments_hold_no_secret(playbook_run: PlaybookRun) -> None:
     assert playbook_run.proc.returncode == 0
     _assert_nowhere(playbook_run.secret, {}, playbook_run.record_args)

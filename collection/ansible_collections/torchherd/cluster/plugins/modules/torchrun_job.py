@@ -117,6 +117,14 @@ options:
     description: Environment of the job whose values are never returned, logged or written.
     type: dict
     default: {}
+  secret_env_var:
+    description:
+      - Name of a variable holding a job (a mapping with a C(secret_env) mapping), whose secret
+        values the collection's action for this module adds to O(secret_env) when it runs, so
+        that no task argument holds them (callbacks see a task's arguments once templated,
+        C(no_log) notwithstanding). Names in O(secret_env) win.
+      - The launch's start passes C(torchherd_job).
+    type: str
   timeout:
     description: Wall-clock limit in seconds after which the supervisor stops the job; 0 means none.
     type: int
@@ -471,6 +479,9 @@ def main():
             rdzv_conf=dict(type="dict", default={}),
             env=dict(type="dict", default={}),
             secret_env=dict(type="dict", default={}, no_log=True),
+            # Used by the action (plugins/action/torchrun_job.py), which takes it out of the
+            # arguments before the module runs. A variable's name, not a secret.
+            secret_env_var=dict(type="str", no_log=False),
             timeout=dict(type="int", default=0),
             wait_timeout=dict(type="float", default=5),
             grace=dict(type="float", default=10),
