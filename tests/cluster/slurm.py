@@ -10,7 +10,7 @@ these clusters too. The layout is a real site's, shrunk:
                      of its allocation, which reaches the others over SSH with the user's key
     shared storage   the checkout, mounted read-only at its own path in every container, like
                      a project directory on NFS; the image's python3 stands for the project's
-                     venv there (ansible-core, ansible-runner, rich, torch)
+                     venv there (the driver's dependencies from pyproject.toml, and torch)
 
 slurm.conf: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, SlurmUser=root (nothing
 else works in an unprivileged container), and NODE_GPUS count-only GPUs per node, so that SLURM
@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 
 from tests.cluster import testbed
@@ -45,8 +45,6 @@ IMAGE_REPO = "localhost/torchherd-slurm-node"
 # What the image is built from (the tag hashes these): the rest of HERE is the tests' own.
 BUILD_FILES = ("Containerfile", "munge.conf")
 CONTROLLER = "ctl"
-# What the batch host needs to drive a launch, at the versions of this checkout's venv.
-WHEEL_PACKAGES = ("ansible-core", "ansible-runner", "rich")
 NODE_CPUS = 2
 NODE_GPUS = 2
 # Seconds between SIGTERM and SIGKILL when SLURM ends a job (scancel, time limit).
@@ -63,10 +61,21 @@ def _log(message: str) -> None:
 # Image
 
 
+def wheel_packages() -> list[str]:
+    """What the batch host needs to drive a launch: the driver's own runtime dependencies, as
+    its installed distribution lists them (pyproject.toml), so that a new one is never missed."""
+    try:
+        listed = requires("torchherd") or []
+    except PackageNotFoundError as exc:
+        raise TestbedError("torchherd is not installed here: run scripts/setup.sh") from exc
+    return [re.split(r"[\s;<>=!~\[]", req, maxsplit=1)[0]
+            for req in listed if "extra ==" not in req]
+
+
 def requirements() -> str:
     """Pins of the controller-side packages, taken from the interpreter running this."""
     try:
-        return "".join(f"{name}=={version(name)}\n" for name in WHEEL_PACKAGES)
+        return "".join(f"{name}=={version(name)}\n" for name in wheel_packages())
     except PackageNotFoundError as exc:
         raise TestbedError(f"{exc.name} is not installed here: run scripts/setup.sh") from exc
 
@@ -88,8 +97,10 @@ def build(*, stream: bool = False) -> str:
             return tag
         start = time.monotonic()
         wheelhouse = ensure_wheelhouse()
+        # --no-cache: the layer cache keys a RUN on its text, not on the mounted wheelhouse,
+        # and would keep the packages of an older build (the tag says that they changed).
         podman(
-            "build",
+            "build", "--no-cache",
             "--file", str(HERE / "Containerfile"),
             "--build-arg", f"BASE_IMAGE={base}",
             "--volume", f"{wheelhouse}:/wheelhouse:ro",
