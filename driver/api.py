@@ -78,8 +78,21 @@ def _first_message(outcome: Outcome) -> str:
         msg = _ANSIBLE_WRAPPER.sub("", str(res.get("msg") or res.get("stderr") or ""))
         if msg:
             host = data.get("host", "")
+            if "Host key verification failed" in msg:
+                msg += _HOST_KEY_FIX.format(host=host, address=data.get("remote_addr") or host)
             return f"{host}: {msg}" if host and host != "localhost" else str(msg)
+    if outcome.errors:
+        return outcome.errors[0]
     return f"ansible-runner ended {outcome.status} (rc {outcome.rc})"
+
+
+# Host key checking stays on; the driver runs SSH in batch mode, so an unknown key is an error.
+_HOST_KEY_FIX = (" (ssh host key check: expected the host key of {host} ({address}) in "
+                 "known_hosts, found it unknown or changed; fix: check the key's fingerprint with "
+                 "the node's owner and add it, e.g. ssh-keyscan {address} >> ~/.ssh/known_hosts "
+                 "after comparing, or turn checking off yourself with host_key_checking = False "
+                 "in your ansible.cfg)")
+
 
 
 def _result(run_dir: Path, action: str, outcome: Outcome) -> RunResult:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from driver import api
 from driver.logs import parse_line
+from driver.paths import driver_version
 from driver.progress import Progress
 from driver.result import Exit, RunResult, UsageError, usage_document
 from driver.spec import JobSpecError, job_options, read_job_file, validate
@@ -51,10 +51,7 @@ _EXIT_MEANINGS = {
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("torchherd")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout without pip install
-        return "unknown"
+    return driver_version() or "unknown (a checkout that was never installed)"
 
 
 def _epilog() -> str:

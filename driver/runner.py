@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -19,7 +21,7 @@ from typing import Any
 
 import ansible_runner
 
-from driver.paths import ansible_cfg, collections_path, playbook
+from driver.paths import collections_env, driver_version, playbook
 
 Event = dict[str, Any]
 
@@ -36,6 +38,9 @@ class Outcome:
     rc: int
     stats: dict[str, Any] = field(default_factory=dict)
     failures: list[Event] = field(default_factory=list)
+    # Ansible's own errors outside any task (an inventory that does not parse, a syntax error),
+    # which reach ansible-runner as plain output lines.
+    errors: list[str] = field(default_factory=list)
 
     @property
     def cancelled(self) -> bool:
@@ -75,6 +80,57 @@ def scrub(data: Any, hidden: list[str]) -> Any:
     return data
 
 
+_ERROR_LINE = re.compile(r"^\s*(?:\[ERROR\]:|ERROR!)\s*")
+_PARSE_FAILED = re.compile(r"\[WARNING\]: (Failed to parse inventory with '\w+' plugin: .*)")
+
+# What a launch needs of Ansible, set per run. Each is an environment variable that ansible-core
+# reads, set only where the caller's environment does not set it already; everything else comes
+# from the caller's own Ansible configuration, as for any ansible-playbook run.
+RUN_SETTINGS = {
+    # Modules through SSH's stdin, not copied: one connection per task.
+    "ANSIBLE_PIPELINING": "True",
+    # ansible-core's strategy loops sleep this long between looks for results; its default,
+    # 0.001 s, keeps the controller busy while it watches a job (docs/lifecycle.md).
+    "ANSIBLE_INTERNAL_POLL_INTERVAL": "0.02",
+    # An inventory that does not parse is an error, not an empty node group.
+    "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
+    "ANSIBLE_NOCOLOR": "1",
+    "ANSIBLE_RETRY_FILES_ENABLED": "False",
+}
+# Added to every SSH command line, after the caller's ssh_args and ssh_common_args (ssh keeps
+# the first value it sees of an option, so the caller's own win). Keep-alives: a node that
+# dies mid-run is declared unreachable within ~10 s, not after TCP's minutes. BatchMode: no
+# prompt can hang a run (an unknown host key fails, and the driver says how to fix it).
+SSH_EXTRA_ARGS = ("-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3",
+                  "-o", "BatchMode=yes")
+# Every node's task of the start runs at once (the barrier needs it). ansible-core starts
+# no more workers than a play has hosts, so this is "one fork per node", whatever the count.
+FORKS = 1024
+
+
+def run_settings(environ: Any) -> dict[str, str]:
+    """The environment of a run: the settings above where the caller has none, and the way to
+    the collection (driver.paths)."""
+    env = {k: v for k, v in RUN_SETTINGS.items() if k not in environ}
+    if "ANSIBLE_HOST_KEY_CHECKING" not in environ:
+        # ansible-runner turns host key checking off unless this is set: set it to what the
+        # caller's own Ansible configuration says (on by default), read as ansible-playbook
+        # reads it from this directory.
+        from ansible.config.manager import ConfigManager
+        checking = ConfigManager().get_config_value("HOST_KEY_CHECKING")
+        env["ANSIBLE_HOST_KEY_CHECKING"] = "True" if checking else "False"
+    env.update(collections_env(dict(environ)))
+    # ansible-playbook of this interpreter's environment, also when it is not activated.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), environ.get("PATH", "")])
+    return env
+
+
+def _cmdline() -> list[str]:
+    forks = max(FORKS, int(os.environ.get("ANSIBLE_FORKS", "0") or 0))
+    extra = " ".join(SSH_EXTRA_ARGS)
+    return ["--forks", str(forks), f"--ssh-extra-args={extra}"]
+
+
 def _write_private(path: Path, data: Any) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -101,6 +157,8 @@ def run_playbook(
     """
     private = Path(tempfile.mkdtemp(prefix="torchherd-runner-"))  # 0700
     failures: list[Event] = []
+    errors: list[str] = []
+    parse_failures: list[str] = []
     stats: dict[str, Any] = {}
     hidden = secret_values(extravars)
 
@@ -111,6 +169,10 @@ def run_playbook(
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get(
                 "ignore_errors"):
             failures.append(event)
+        elif kind == "verbose" and _ERROR_LINE.match(event.get("stdout") or ""):
+            errors.append(_ERROR_LINE.sub("", event["stdout"]).strip())
+        elif kind == "verbose" and _PARSE_FAILED.search(event.get("stdout") or ""):
+            parse_failures.append(_PARSE_FAILED.search(event["stdout"]).group(1).strip())
         elif kind == "playbook_on_stats":
             stats.update({k: data.get(k) or {} for k in (
                 "ok", "dark", "failures", "ignored", "rescued", "skipped", "changed")})
@@ -120,23 +182,21 @@ def run_playbook(
         # secret value that some result might carry).
         return False
 
-    env = {
-        "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_RETRY_FILES_ENABLED": "0",
-        # ansible-playbook of this interpreter's environment, also when it is not activated.
-        "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-    }
-    cfg = ansible_cfg()
-    if cfg:
-        env["ANSIBLE_CONFIG"] = str(cfg)
+    env = run_settings(os.environ)
     try:
-        _write_private(private / "env" / "extravars", extravars)
+        version = driver_version()
+        _write_private(private / "env" / "extravars",
+                       {**extravars, **({"torchherd_driver_version": version} if version else {})})
         result = ansible_runner.run(
             private_data_dir=str(private),
-            playbook=str(playbook(name)),
-            inventory=str(Path(inventory).resolve()),
+            # Ansible runs in the caller's directory, so it finds the caller's ./ansible.cfg
+            # (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg, as
+            # ansible-playbook would) and resolves relative paths in the job as the caller means.
+            project_dir=os.getcwd(),
+            playbook=playbook(name),
+            inventory=str(inventory),  # driver.api.inventory_source made it absolute
             envvars=env,
+            cmdline=shlex.join(_cmdline()),
             quiet=True,
             verbosity=verbosity or None,
             event_handler=handle,
@@ -147,7 +207,13 @@ def run_playbook(
             settings={"suppress_ansible_output": True, "suppress_output_file": True,
                       "job_timeout": 0, "pexpect_timeout": _POLL_SECONDS},
         )
-        return Outcome(status=result.status, rc=result.rc, stats=stats, failures=failures)
+        if any(e.startswith("No inventory was parsed") for e in errors):
+            errors.insert(0, f"inventory {inventory}: expected an inventory that Ansible can "
+                          f"parse, found: {'; '.join(parse_failures) or 'no plugin could'}; fix: "
+                          f"correct it (ansible-inventory -i {inventory} --graph shows what "
+                          f"Ansible reads)")
+        return Outcome(status=result.status, rc=result.rc, stats=stats, failures=failures,
+                       errors=errors)
     finally:
         # The private dir holds the extra vars (secrets among them): never leave it behind.
         shutil.rmtree(private, ignore_errors=True)

@@ -278,7 +278,8 @@ def up(name: str, n: int = 4, subnet_index: int | None = None, *,
         _start_container(name, node, role, index, image, key, cluster_dir)
 
     inventory = cluster_dir / "inventory.ini"
-    inventory.write_text(testbed.render_inventory(nodes, [ctl], key))
+    inventory.write_text(testbed.render_inventory(nodes, [ctl], key,
+                                                 testbed.write_known_hosts(cluster_dir)))
     cluster = SlurmCluster(name=name, nodes=nodes, inventory=inventory, key=key, extras=[ctl])
     cluster.wait_ssh(timeout)  # systemd is up once sshd answers
     daemons = [(ctl, "slurmctld"), *((node, "slurmd") for node in nodes)]
@@ -306,6 +307,7 @@ def _start_container(cluster: str, node: Node, role: str, index: int, image: str
         "--volume", f"{key.with_suffix('.pub')}:/etc/ssh/torchherd_authorized_keys:ro",
         # The user's key, as on a shared home: the batch host logs into the other nodes.
         "--volume", f"{key}:/root/.ssh/id_ed25519:ro",
+        *testbed.host_key_volumes(node, cluster_dir),
         "--volume", f"{cluster_dir / 'munge.key'}:/etc/torchherd/munge.key:ro",
         "--volume", f"{cluster_dir / 'slurm.conf'}:/etc/slurm/slurm.conf:ro",
         "--volume", f"{cluster_dir / 'gres.conf'}:/etc/slurm/gres.conf:ro",

@@ -535,7 +535,7 @@ def up(
             _start_container(name, node, role, index, image, key, cluster_dir)
 
     inventory = cluster_dir / "inventory.ini"
-    inventory.write_text(render_inventory(nodes, extras, key))
+    inventory.write_text(render_inventory(nodes, extras, key, write_known_hosts(cluster_dir)))
     cluster = Cluster(name=name, nodes=nodes, inventory=inventory, key=key, extras=extras)
     cluster.wait_ssh(timeout)
     _log(f"up {name}: {n} node(s) + {len(extras)} extra in {time.monotonic() - start:.1f} s")
@@ -560,6 +560,7 @@ def _start_container(
         "--systemd", "always",
         "--volume", f"{machine_id}:/etc/machine-id:ro",
         "--volume", f"{key.with_suffix('.pub')}:/etc/ssh/torchherd_authorized_keys:ro",
+        *host_key_volumes(node, cluster_dir),
         "--label", f"{LABEL_CLUSTER}={cluster}",
         "--label", f"{LABEL_ROLE}={role}",
         "--label", f"{LABEL_INDEX}={index}",
@@ -596,13 +597,54 @@ def _ensure_network(network: str, subnet: str) -> None:
         raise TestbedError(f"{CommandError(created.args, created)}{hint}")
 
 
-def render_inventory(nodes: Sequence[Node], extras: Sequence[Node], key: Path) -> str:
-    """Ansible INI inventory: nodes in order (order gives node_rank), extras in their own group."""
+def host_key(cluster_dir: Path, node: Node) -> Path:
+    """The node's own SSH host key (ed25519), made once and kept: a recreated node keeps its
+    identity, and no two nodes share a key (the image's own keys are the same everywhere)."""
+    path = cluster_dir / f"{node.name}.ssh_host_ed25519_key"
+    if not path.exists() or not path.with_name(path.name + ".pub").exists():
+        path.unlink(missing_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(path)])
+    return path
+
+
+def host_key_volumes(node: Node, cluster_dir: Path) -> list[str]:
+    """podman run arguments that give the node its own host key."""
+    key = host_key(cluster_dir, node)
+    return ["--volume", f"{key}:/etc/ssh/ssh_host_ed25519_key:ro",
+            "--volume", f"{key}.pub:/etc/ssh/ssh_host_ed25519_key.pub:ro"]
+
+
+def write_known_hosts(cluster_dir: Path) -> Path:
+    """known_hosts for every node of the cluster (by address, as the inventory reaches them):
+    the launches under test check host keys, as they do on a real cluster."""
+    lines = []
+    for pub in sorted(cluster_dir.glob("*.ssh_host_ed25519_key.pub")):
+        name = pub.name.removesuffix(".ssh_host_ed25519_key.pub")
+        ip = _container_ip(name)
+        if ip:
+            kind, blob = pub.read_text().split()[:2]
+            lines.append(f"{ip} {kind} {blob}")
+    path = cluster_dir / "known_hosts"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def _container_ip(name: str) -> str | None:
+    found = podman("inspect", "--format", f"{{{{index .Config.Labels \"{LABEL_IP}\"}}}}", name,
+                   check=False)
+    return found.stdout.strip() or None if found.returncode == 0 else None
+
+
+def render_inventory(
+    nodes: Sequence[Node], extras: Sequence[Node], key: Path, known_hosts: Path
+) -> str:
+    """Ansible INI inventory: nodes in order (order gives node_rank), extras in their own group.
+    Host keys are checked against the cluster's known_hosts (Ansible's default)."""
     variables = [
         "ansible_user=root",
         f"ansible_ssh_private_key_file={key}",
         "ansible_python_interpreter=/usr/bin/python3",
-        "ansible_ssh_common_args='" + " ".join(SSH_OPTIONS[:6]) + "'",
+        f"ansible_ssh_common_args='-o UserKnownHostsFile={known_hosts}'",
     ]
     lines: list[str] = []
     for group, members in ((NODES_GROUP, nodes), (EXTRAS_GROUP, extras)):

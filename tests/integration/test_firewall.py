@@ -25,7 +25,7 @@ import pytest
 
 from ansible_collections.torchherd.cluster.plugins.filter.plan import plan as make_plan
 from driver import api, launch
-from driver.paths import ansible_cfg, collections_path
+from driver.paths import CHECKOUT, shipped_collections_path
 from driver.runner import run_playbook
 from tests.cluster import testbed
 
@@ -37,8 +37,8 @@ EXAMPLES = str(REPO / "examples")
 MASTER_PORT = 29500
 MODULE = "torchherd.cluster.firewall_rules"
 ANSIBLE_ENV = {
-    "ANSIBLE_CONFIG": str(ansible_cfg()),
-    "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+    "ANSIBLE_CONFIG": str(CHECKOUT / "ansible.cfg"),
+    "ANSIBLE_COLLECTIONS_PATH": str(shipped_collections_path()),
     # This interpreter's ansible-playbook, also when the venv is not activated.
     "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
 }

@@ -111,7 +111,7 @@ def test_version(capsys, monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     with pytest.raises(SystemExit):
         cli.main(["--version"])
-    assert capsys.readouterr().out == "torchherd unknown\n"
+    assert capsys.readouterr().out == "torchherd unknown (a checkout that was never installed)\n"
 
 
 @pytest.mark.parametrize("argv,action,reason", [

@@ -17,7 +17,7 @@ import ansible_runner
 import pytest
 from rich.console import Console
 
-from driver.paths import collections_path
+from driver.paths import shipped_collections_path
 from driver.progress import Progress, phase_of
 
 NODES = ("n0", "n1")
@@ -166,7 +166,7 @@ def record(root, name):
     events = []
     result = ansible_runner.run(
         private_data_dir=str(root), playbook="pb.yml", quiet=True,
-        envvars={"ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+        envvars={"ANSIBLE_COLLECTIONS_PATH": str(shipped_collections_path()),
                  "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])},
         event_handler=lambda event: events.append(event) or False,
         settings={"suppress_ansible_output": True})

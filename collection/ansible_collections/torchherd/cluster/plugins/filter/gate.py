@@ -116,7 +116,15 @@ def gate(hosts, hostvars, plan, match=None):
     facts = {}
     for host in hosts:
         result = hostvars.get(host, {}).get("torchherd_facts") or {}
-        if result.get("unreachable"):
+        if result.get("unreachable") and "Host key verification failed" in str(result.get("msg")):
+            address = hostvars.get(host, {}).get("ansible_host") or host
+            problems.append(_problem(
+                host, "ssh host key", "the node's host key in known_hosts",
+                "an unknown or changed host key (" + _ssh_error(result.get("msg")) + ")",
+                "compare the key's fingerprint with the node's owner, then add it (ssh-keyscan "
+                + address + " >> ~/.ssh/known_hosts) or fix the entry (ssh-keygen -R " + address
+                + "); host_key_checking = False in your ansible.cfg turns checking off"))
+        elif result.get("unreachable"):
             problems.append(_problem(host, "ssh", "the node answers over SSH",
                                      _ssh_error(result.get("msg")),
                                      "check the address, the SSH key and that sshd runs on it "

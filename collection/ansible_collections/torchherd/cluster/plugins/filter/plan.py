@@ -260,7 +260,9 @@ def plan(job, groups, hostvars, run_id=""):
     if not members:
         problems.append(f"node group '{group}': expected at least one host, found the group "
                         f"empty or missing from the inventory; fix: list the nodes under "
-                        f"[{group}] in the inventory or set torchherd_job.node_group")
+                        f"[{group}] in the inventory or set torchherd_job.node_group (an "
+                        f"inventory that Ansible could not parse leaves every group empty: see "
+                        f"its warnings above, or set inventory_unparsed_failed = True)")
     seen = {}
     for name in names:
         seen[name] = seen.get(name, 0) + 1

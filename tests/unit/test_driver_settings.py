@@ -1,0 +1,64 @@
+"""What the driver sets for a run, and what it leaves to the caller's Ansible configuration."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+
+import yaml
+
+from driver import paths
+from driver.runner import RUN_SETTINGS, SSH_EXTRA_ARGS, _cmdline, run_settings
+
+COLLECTION = paths.CHECKOUT / "collection" / "ansible_collections" / "torchherd" / "cluster"
+
+
+def test_versions_agree():
+    """The plan refuses a collection whose version is not the driver's: the three must agree."""
+    galaxy = yaml.safe_load((COLLECTION / "galaxy.yml").read_text())["version"]
+    plan = yaml.safe_load((COLLECTION / "roles/plan/vars/main.yml").read_text())
+    project = tomllib.loads((paths.CHECKOUT / "pyproject.toml").read_text())["project"]
+    assert galaxy == plan["torchherd_collection_version"] == project["version"]
+
+
+def test_the_callers_environment_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = run_settings({"PATH": "/bin", "ANSIBLE_PIPELINING": "False",
+                        "ANSIBLE_HOST_KEY_CHECKING": "False"})
+    assert "ANSIBLE_PIPELINING" not in env  # the caller's own value stays
+    assert "ANSIBLE_HOST_KEY_CHECKING" not in env
+    assert env["ANSIBLE_INTERNAL_POLL_INTERVAL"] == RUN_SETTINGS["ANSIBLE_INTERNAL_POLL_INTERVAL"]
+    assert env["PATH"].endswith(os.pathsep + "/bin")
+
+
+def test_host_key_checking_follows_the_callers_ansible_cfg(tmp_path, monkeypatch):
+    """ansible-runner would turn checking off; the driver passes the caller's own setting."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert run_settings({"PATH": ""})["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
+    assert run_settings({"PATH": ""})["ANSIBLE_HOST_KEY_CHECKING"] == "False"
+
+
+def test_collections_path_order(tmp_path, monkeypatch):
+    override = tmp_path / "mine"
+    env = paths.collections_env({"TORCHHERD_COLLECTIONS_PATH": str(override),
+                                 "ANSIBLE_COLLECTIONS_PATH": "/opt/c"})
+    assert env["ANSIBLE_COLLECTIONS_PATH"] == f"{override}{os.pathsep}/opt/c"
+    # A checkout's copy comes after what Ansible is configured with.
+    env = paths.collections_env({"ANSIBLE_COLLECTIONS_PATH": "/opt/c"})
+    assert env["ANSIBLE_COLLECTIONS_PATH"] == f"/opt/c{os.pathsep}{paths.CHECKOUT / 'collection'}"
+    monkeypatch.setattr(paths, "is_checkout", lambda: False)
+    assert paths.collections_env({"ANSIBLE_COLLECTIONS_PATH": "/opt/c"}) == {}
+
+
+def test_ssh_and_forks_on_the_command_line(monkeypatch):
+    monkeypatch.delenv("ANSIBLE_FORKS", raising=False)
+    argv = _cmdline()
+    assert argv[:2] == ["--forks", "1024"]
+    # One argument: a value that starts with '-' would be read as an option.
+    assert argv[2] == "--ssh-extra-args=" + " ".join(SSH_EXTRA_ARGS)
+    assert "BatchMode=yes" in argv[2]
+    monkeypatch.setenv("ANSIBLE_FORKS", "2048")
+    assert _cmdline()[1] == "2048"
