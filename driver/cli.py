@@ -329,6 +329,10 @@ class Ui:
             self.say(f"  {problem['host']}: {problem['check']}: expected {problem['expected']}, "
                      f"found {problem['found']}; fix: {problem.get('fix', '')}", "red")
         style = "green" if result.ok else "red"
+        if result.action == "launch" and result.sync:
+            sync = result.sync
+            self.say(f"sync: {sync['files']} files, {sync['bytes']} bytes to "
+                     f"{sync['nodes_sent_to']} of {len(result.hosts)} nodes")
         self.say(f"run {result.run_id} {result.state}: {result.reason}", style)
         if result.run_dir.exists():
             self.say(f"run directory: {result.run_dir}")

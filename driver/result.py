@@ -50,6 +50,7 @@ class HostResult(TypedDict, total=False):
     exception: str | None
     traceback: str | None
     artifacts: list[str]  # files under runs/<run_id>/artifacts/<host>/
+    sync: dict[str, int] | None  # files and bytes the launch's sync sent to this node
 
 
 @dataclass
@@ -71,6 +72,7 @@ class RunResult:
     nnodes: str | None = None  # "3", or MIN:MAX for elastic rendezvous
     master: dict[str, Any] | None = None  # host, addr, port
     merged_log: str | None = None  # every node's log, lines prefixed with host and rank
+    sync: dict[str, int] | None = None  # files, bytes, nodes_sent_to: what the sync sent
     # Processes per node when global ranks follow node ranks (static rendezvous), else None.
     static_nproc: int | None = None
 
@@ -86,7 +88,8 @@ class RunResult:
             "exit_name": self.exit_code.name.lower(), "reason": self.reason,
             "world_size": self.world_size, "nproc_per_node": self.nproc_per_node,
             "nnodes": self.nnodes, "master": self.master, "merged_log": self.merged_log,
-            "hosts": self.hosts, "timings": self.timings, "problems": self.problems,
+            "hosts": self.hosts, "timings": self.timings, "sync": self.sync,
+            "problems": self.problems,
         }
 
 
@@ -215,6 +218,7 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
                      nproc_per_node=layout.get("nproc_per_node"),
                      nnodes=layout.get("nnodes"), master=layout.get("master"),
                      merged_log=(summary or {}).get("merged_log"),
+                     sync=(summary or {}).get("sync"),
                      static_nproc=static_nproc(plan, preflight))
 
 

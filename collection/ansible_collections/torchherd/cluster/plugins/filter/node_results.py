@@ -77,6 +77,12 @@ def node_results(hosts, hostvars):
             and "count" in collect
         if collect.get("unreachable"):
             entry["unreachable"] = True
+        sync = _plain(hv.get("torchherd_sync"))
+        if sync.get("skipped"):  # the node had the code already
+            entry["sync"] = {"files": 0, "bytes": 0}
+        elif "transferred_files" in sync:
+            entry["sync"] = {"files": sync["transferred_files"],
+                             "bytes": sync["transferred_bytes"]}
         out[host] = entry
     return out
 

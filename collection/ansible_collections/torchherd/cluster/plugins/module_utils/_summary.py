@@ -202,6 +202,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
                 os.path.join(node_dir, "node.log")) else None,
             "logs_fetched": bool(res.get("logs_fetched")),
             "failing_rank": None, "exception": None, "traceback": None,
+            # What the launch's sync sent to the node (status and collect keep the launch's).
+            "sync": res.get("sync") or (previous.get(host) or {}).get("sync"),
         }
         if state in _BAD:
             entry.update(failure_of(node_dir))
@@ -250,7 +252,16 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
         "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
         "timings": phase_timings(plan.get("started_at"), marks), "hosts": hosts,
+        "sync": _sync_total(hosts),
     }
+
+
+def _sync_total(hosts):
+    sent = [h["sync"] for h in hosts.values() if h.get("sync")]
+    if not sent:
+        return None
+    return {"files": sum(s["files"] for s in sent), "bytes": sum(s["bytes"] for s in sent),
+            "nodes_sent_to": sum(1 for s in sent if s["files"] or s["bytes"])}
 
 
 _LOCAL = re.compile(r"^\[default(\d+)\]:")

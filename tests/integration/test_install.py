@@ -1,0 +1,116 @@
+"""torchherd as a user gets it: the built wheel in a fresh venv, used from a directory that is
+not the checkout, with nothing of the checkout on any path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from driver.paths import CHECKOUT
+
+pytestmark = pytest.mark.cluster
+
+
+def _run(argv, cwd, env, timeout=600):
+    result = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=timeout, check=False)
+    return result
+
+
+def _clean_env(venv: Path) -> dict[str, str]:
+    """The environment of a new shell with only the venv activated: no checkout on any path,
+    none of the suite's Ansible settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ANSIBLE_", "TORCHHERD_", "PYTHON", "VIRTUAL_ENV"))}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"])
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv, workdir): the wheel built from this checkout, installed into a fresh venv."""
+    root = tmp_path_factory.mktemp("install")
+    source = root / "source"  # a copy: building writes build/ and *.egg-info into the tree
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=CHECKOUT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (CHECKOUT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(CHECKOUT / name, source / name)
+    dist = root / "dist"
+    started = time.monotonic()
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                  "-q", "-w", dist, source], cwd=root, env=dict(os.environ))
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = next(dist.glob("torchherd-*.whl"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    # Dependencies from the package index (pip's cache makes this quick after setup.sh).
+    pip = _run([venv / "bin" / "pip", "install", "-q", wheel], cwd=root, env=_clean_env(venv))
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    print(f"wheel built and installed in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    shutil.rmtree(source)
+    work = root / "work"
+    work.mkdir()
+    shutil.copytree(CHECKOUT / "examples", work / "code")
+    return venv, work
+
+
+def _torchherd(installed, *args, timeout=600):
+    venv, work = installed
+    return _run([venv / "bin" / "torchherd", *args], cwd=work, env=_clean_env(venv),
+                timeout=timeout)
+
+
+def test_the_installed_driver_carries_its_collection(installed):
+    venv, work = installed
+    version = _torchherd(installed, "--version")
+    assert version.returncode == 0, version.stderr
+    project = yaml.safe_load((CHECKOUT / "collection/ansible_collections/torchherd/cluster"
+                              / "galaxy.yml").read_text())
+    assert version.stdout.strip() == f"torchherd {project['version']}"
+    where = _run([venv / "bin" / "python", "-c",
+                  "import driver, driver.paths as p; print(driver.__file__); "
+                  "print(p.collection_dir())"], cwd=work, env=_clean_env(venv))
+    module, collection = where.stdout.split()
+    assert module.startswith(str(venv)) and collection.startswith(str(venv)), where.stdout
+    assert (Path(collection) / "roles" / "plan" / "meta" / "argument_specs.yml").is_file()
+    helped = _torchherd(installed, "launch", "--help")
+    assert helped.returncode == 0 and "--nproc-per-node" in helped.stdout, helped.stderr
+
+
+def test_installed_launch_on_local_nodes(installed, tmp_path):
+    """The embedded default's kind of nodes: this machine, with the suite's Python (which has
+    torch) as the nodes' Python; the venv itself has no torch."""
+    venv, work = installed
+    inventory = tmp_path / "local.ini"
+    inventory.write_text(
+        "[torchherd_nodes]\n"
+        f"node0 ansible_host=127.0.0.1 torchherd_root={tmp_path / 'node0'}\n"
+        f"node1 ansible_host=127.0.0.2 torchherd_root={tmp_path / 'node1'}\n"
+        "[torchherd_nodes:vars]\nansible_connection=local\n"
+        f"ansible_python_interpreter={sys.executable}\ntorchherd_firewall_enabled=false\n")
+    done = _torchherd(installed, "launch", "--json", "-i", inventory, "--code-src", "code",
+                      "--nproc-per-node", "2", "--", "allreduce.py")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
+    assert result["exit_name"] == "ok"
+    assert Path(result["run_dir"]).parent == work / "runs"
+    assert {h["state"] for h in result["hosts"].values()} == {"succeeded"}
+
+
+def test_installed_launch_on_the_container_cluster(installed, cluster3):
+    done = _torchherd(installed, "launch", "--json", "-i", cluster3.inventory, "--code-src",
+                      "code", "--nproc-per-node", "1", "--", "allreduce.py")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
+    assert sorted(result["hosts"]) == sorted(n.name for n in cluster3.nodes)
+    assert all("sum=" in h["last_line"] for h in result["hosts"].values()), result["hosts"]

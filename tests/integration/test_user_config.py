@@ -1,0 +1,76 @@
+"""The user's own Ansible configuration and SSH trust decide how nodes are reached."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+
+
+def torchherd(cwd, *args):
+    """The CLI as a user runs it, in cwd, with no Ansible settings from the suite."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    done = subprocess.run([sys.executable, "-m", "driver", args[0], "--json", *map(str, args[1:])],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    return done.returncode, json.loads(done.stdout)
+
+
+def launch(cwd, inventory, run_id):
+    return torchherd(cwd, "launch", "-i", inventory, "--code-src", EXAMPLES, "--run-id", run_id,
+                     "--nproc-per-node", "1", "--", "allreduce.py")
+
+
+def drop_masters():
+    """No SSH connection of an earlier test may carry this one (ControlPersist)."""
+    subprocess.run(["pkill", "-f", r"ssh: .*\[mux\]"], check=False)
+
+
+def test_private_key_from_the_users_ansible_cfg(cluster3, tmp_path):
+    """The inventory names no key; the user's ./ansible.cfg does, and the launch uses it."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(re.sub(r"^ansible_ssh_private_key_file=.*\n", "",
+                                cluster3.inventory.read_text(), flags=re.MULTILINE))
+    assert "private_key_file" not in inventory.read_text()
+    drop_masters()
+    code, result = launch(tmp_path, inventory, "userkey-without")
+    assert code == 5, result["reason"]  # unreachable: no key, the nodes do not let us in
+    assert all(p["check"] == "ssh" for p in result["problems"]), result["problems"]
+
+    (tmp_path / "ansible.cfg").write_text(f"[defaults]\nprivate_key_file = {cluster3.key}\n")
+    code, result = launch(tmp_path, inventory, "userkey-with")
+    assert code == 0, result["reason"]
+    assert {h["state"] for h in result["hosts"].values()} == {"succeeded"}
+
+
+def test_unknown_host_key_stops_before_any_change(cluster3, tmp_path):
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(cluster3.inventory.read_text().replace(
+        str(cluster3.inventory.parent / "known_hosts"), str(tmp_path / "known_hosts")))
+    drop_masters()
+    code, result = launch(tmp_path, inventory, "hostkey-unknown")
+    assert code == 3, result["reason"]
+    problems = {p["host"]: p for p in result["problems"]}
+    assert sorted(problems) == sorted(n.name for n in cluster3.nodes)
+    for node in cluster3.nodes:
+        problem = problems[node.name]
+        assert problem["check"] == "ssh host key"
+        assert f"ssh-keyscan {node.ip}" in problem["fix"]
+        touched = cluster3.exec(node, ["test", "-e", "/root/.torchherd/runs/hostkey-unknown"],
+                                check=False)
+        assert touched.returncode != 0, f"{node.name} was changed"
+    assert not (tmp_path / "known_hosts").exists() or not (tmp_path / "known_hosts").read_text()
+
+    # Checking off is the user's explicit choice, and then the launch goes ahead.
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
+    code, result = launch(tmp_path, inventory, "hostkey-off")
+    assert code == 0, result["reason"]
