@@ -274,12 +274,12 @@ def up(name: str, n: int = 4, subnet_index: int | None = None, *,
     munge_key.write_bytes(os.urandom(1024))
     munge_key.chmod(0o600)
     members = [("extra", 0, ctl), *(("node", i, node) for i, node in enumerate(nodes))]
+    known_hosts = testbed.write_known_hosts(cluster_dir, [ctl, *nodes])
     for role, index, node in members:
         _start_container(name, node, role, index, image, key, cluster_dir)
 
     inventory = cluster_dir / "inventory.ini"
-    inventory.write_text(testbed.render_inventory(nodes, [ctl], key,
-                                                 testbed.write_known_hosts(cluster_dir)))
+    inventory.write_text(testbed.render_inventory(nodes, [ctl], key, known_hosts))
     cluster = SlurmCluster(name=name, nodes=nodes, inventory=inventory, key=key, extras=[ctl])
     cluster.wait_ssh(timeout)  # systemd is up once sshd answers
     daemons = [(ctl, "slurmctld"), *((node, "slurmd") for node in nodes)]
@@ -308,6 +308,8 @@ def _start_container(cluster: str, node: Node, role: str, index: int, image: str
         # The user's key, as on a shared home: the batch host logs into the other nodes.
         "--volume", f"{key}:/root/.ssh/id_ed25519:ro",
         *testbed.host_key_volumes(node, cluster_dir),
+        # The site's known hosts, as HPC sites keep them: the batch host's launch checks keys.
+        "--volume", f"{cluster_dir / 'known_hosts'}:/etc/ssh/ssh_known_hosts:ro",
         "--volume", f"{cluster_dir / 'munge.key'}:/etc/torchherd/munge.key:ro",
         "--volume", f"{cluster_dir / 'slurm.conf'}:/etc/slurm/slurm.conf:ro",
         "--volume", f"{cluster_dir / 'gres.conf'}:/etc/slurm/gres.conf:ro",

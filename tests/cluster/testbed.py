@@ -530,12 +530,13 @@ def up(
         _ensure_network(network_name(name), f"{prefix}.0/24")
     cluster_dir = state_dir() / name
     cluster_dir.mkdir(parents=True, exist_ok=True)
+    known_hosts = write_known_hosts(cluster_dir, [*nodes, *extras])
     for role, members in (("node", nodes), ("extra", extras)):
         for index, node in enumerate(members):
             _start_container(name, node, role, index, image, key, cluster_dir)
 
     inventory = cluster_dir / "inventory.ini"
-    inventory.write_text(render_inventory(nodes, extras, key, write_known_hosts(cluster_dir)))
+    inventory.write_text(render_inventory(nodes, extras, key, known_hosts))
     cluster = Cluster(name=name, nodes=nodes, inventory=inventory, key=key, extras=extras)
     cluster.wait_ssh(timeout)
     _log(f"up {name}: {n} node(s) + {len(extras)} extra in {time.monotonic() - start:.1f} s")
@@ -614,25 +615,16 @@ def host_key_volumes(node: Node, cluster_dir: Path) -> list[str]:
             "--volume", f"{key}.pub:/etc/ssh/ssh_host_ed25519_key.pub:ro"]
 
 
-def write_known_hosts(cluster_dir: Path) -> Path:
-    """known_hosts for every node of the cluster (by address, as the inventory reaches them):
-    the launches under test check host keys, as they do on a real cluster."""
+def write_known_hosts(cluster_dir: Path, members: Sequence[Node]) -> Path:
+    """known_hosts for the cluster's containers, by name and address (as the inventory and the
+    nodes themselves reach them): launches under test check host keys, as on a real cluster."""
     lines = []
-    for pub in sorted(cluster_dir.glob("*.ssh_host_ed25519_key.pub")):
-        name = pub.name.removesuffix(".ssh_host_ed25519_key.pub")
-        ip = _container_ip(name)
-        if ip:
-            kind, blob = pub.read_text().split()[:2]
-            lines.append(f"{ip} {kind} {blob}")
+    for node in members:
+        kind, blob = Path(f"{host_key(cluster_dir, node)}.pub").read_text().split()[:2]
+        lines.append(f"{node.name},{node.ip} {kind} {blob}\n")
     path = cluster_dir / "known_hosts"
-    path.write_text("".join(f"{line}\n" for line in lines))
+    path.write_text("".join(lines))
     return path
-
-
-def _container_ip(name: str) -> str | None:
-    found = podman("inspect", "--format", f"{{{{index .Config.Labels \"{LABEL_IP}\"}}}}", name,
-                   check=False)
-    return found.stdout.strip() or None if found.returncode == 0 else None
 
 
 def render_inventory(

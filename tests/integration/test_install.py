@@ -114,3 +114,24 @@ def test_installed_launch_on_the_container_cluster(installed, cluster3):
     assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
     assert sorted(result["hosts"]) == sorted(n.name for n in cluster3.nodes)
     assert all("sum=" in h["last_line"] for h in result["hosts"].values()), result["hosts"]
+
+
+def test_a_collection_on_ansibles_path_comes_first_and_must_match(installed, tmp_path):
+    """One installed with ansible-galaxy (here: a copy on ANSIBLE_COLLECTIONS_PATH) is the one
+    Ansible uses, before the wheel's own; of another version, the plan refuses it by path."""
+    venv, work = installed
+    other = tmp_path / "galaxy" / "ansible_collections" / "torchherd" / "cluster"
+    shutil.copytree(CHECKOUT / "collection/ansible_collections/torchherd/cluster", other,
+                    ignore=shutil.ignore_patterns("tests", "__pycache__"))
+    version_vars = other / "roles" / "plan" / "vars" / "main.yml"
+    version_vars.write_text("---\ntorchherd_collection_version: 0.0.1\n")
+    env = {**_clean_env(venv), "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "galaxy")}
+    done = _run([venv / "bin" / "torchherd", "verify", "--json", "-i", "node0,",
+                 "--code-src", "code", "--", "allreduce.py"], cwd=work, env=env)
+    result = json.loads(done.stdout)
+    assert done.returncode != 0
+    ours = yaml.safe_load((CHECKOUT / "collection/ansible_collections/torchherd/cluster"
+                           / "galaxy.yml").read_text())["version"]
+    assert f"expected version {ours}" in result["reason"], result["reason"]
+    assert "found 0.0.1" in result["reason"]
+    assert str(other) in result["reason"], result["reason"]

@@ -44,7 +44,12 @@ def test_gitignored_data_stays_on_the_controller(tmp_path: Path) -> None:
              "--", "check.py"],
             cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-        assert json.loads(proc.stdout)["state"] == "succeeded", proc.stdout[-3000:]
+        result = json.loads(proc.stdout)
+        assert result["state"] == "succeeded", proc.stdout[-3000:]
+        # The launch says what it sent: two small files per node, none of the 4 MiB.
+        assert result["sync"]["files"] == 2 * len(code_dirs), result["sync"]
+        assert 0 < result["sync"]["bytes"] < 64 << 10, result["sync"]
+        assert {h["sync"]["files"] for h in result["hosts"].values()} == {2}
         for code_dir in code_dirs:
             assert sorted(p.name for p in code_dir.iterdir()) == [".gitignore", "check.py"]
         plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
