@@ -74,3 +74,43 @@ def test_unknown_host_key_stops_before_any_change(cluster3, tmp_path):
     (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
     code, result = launch(tmp_path, inventory, "hostkey-off")
     assert code == 0, result["reason"]
+
+
+def test_nodes_reached_only_through_a_bastion(make_cluster, tmp_path):
+    """SSH from the controller to the nodes is refused; the user's ansible.cfg sends it through
+    a bastion (ProxyCommand in ssh_args). Launch, sync, start, watch, collect, a detached job's
+    stop: all go through it."""
+    cluster = make_cluster("bastion", 2, extra=["bastion"])
+    bastion = cluster.node("bastion")
+    controller = bastion.ip.rsplit(".", 1)[0] + ".1"  # this host, on the cluster's network
+    for node in cluster.nodes:
+        for argv in (["add", "table", "inet", "bastion_test"],
+                     ["add", "chain", "inet", "bastion_test", "input",
+                      "{ type filter hook input priority -10 ; policy accept ; }"],
+                     ["add", "rule", "inet", "bastion_test", "input", "ip", "saddr", controller,
+                      "tcp", "dport", "22", "reject", "with", "tcp", "reset"]):
+            cluster.exec(node, ["nft", *argv])
+        direct = subprocess.run([*cluster.ssh_argv(node), "true"], capture_output=True,
+                                text=True, check=False)
+        assert direct.returncode != 0, f"{node.name} still answers SSH from the controller"
+
+    known_hosts = cluster.inventory.parent / "known_hosts"
+    jump = (f"ssh -i {cluster.key} -o UserKnownHostsFile={known_hosts} -o BatchMode=yes "
+            f"-W %h:%p root@{bastion.ip}")
+    (tmp_path / "ansible.cfg").write_text(
+        "[ssh_connection]\n"
+        f"ssh_args = -o ControlMaster=auto -o ControlPersist=60s -o ProxyCommand=\"{jump}\"\n")
+    code, result = launch(tmp_path, cluster.inventory, "bastion-launch")
+    assert code == 0, result["reason"]
+    assert {h["state"] for h in result["hosts"].values()} == {"succeeded"}
+    assert result["sync"]["nodes_sent_to"] == 2
+    assert all(h["logs_fetched"] for h in result["hosts"].values())
+
+    code, result = torchherd(tmp_path, "launch", "-i", cluster.inventory, "--code-src",
+                             EXAMPLES, "--run-id", "bastion-detached", "--nproc-per-node", "1",
+                             "--detach", "--", "allreduce.py", "--sleep", "300")
+    assert code == 0, result["reason"]
+    code, result = torchherd(tmp_path, "stop", "bastion-detached")
+    assert code == 0, result["reason"]
+    for node in cluster.nodes:
+        assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == []
