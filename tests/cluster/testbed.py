@@ -44,7 +44,9 @@ DEBIAN_SUITE = "bookworm"
 # The node's /usr/bin/python3 (bookworm: 3.11) decides which wheels fit, not the host's python.
 NODE_PYTHON_VERSION = "3.11"
 NODE_GLIBC_MINOR = 36
-WHEEL_REQUIREMENTS = ("torch==2.13.0", "numpy")
+# accelerate: the nodes can run launcher accelerate (DeepSpeed is left out: on CPU its first run
+# compiles a C++ extension with g++, ~40 s per node).
+WHEEL_REQUIREMENTS = ("torch==2.13.0", "numpy", "accelerate==1.15.0")
 
 NODES_GROUP = "torchherd_nodes"
 EXTRAS_GROUP = "outsiders"

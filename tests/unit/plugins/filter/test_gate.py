@@ -188,3 +188,20 @@ def test_every_problem_has_the_five_parts():
     facts["rsync"] = None
     for problem in gate(*make({"a": cpu("a"), "b": facts}))["problems"]:
         assert all(problem[k] for k in ("host", "check", "expected", "found", "fix"))
+
+
+def with_launchers(hostname, **versions):
+    facts = cpu(hostname)
+    facts["torch"]["launchers"] = {"accelerate": None, "deepspeed": None, **versions}
+    return facts
+
+
+def test_a_launcher_must_be_installed_on_every_node_in_the_same_version():
+    nodes = {"a": with_launchers("a", accelerate="1.15.0"), "b": with_launchers("b"),
+             "c": with_launchers("c", accelerate="1.14.0")}
+    verdict = gate(*make(nodes, launcher="accelerate"))
+    assert checks(verdict) == [("b", "accelerate"), ("c", "same torch.launchers.accelerate")]
+    missing = next(p for p in verdict["problems"] if p["host"] == "b")
+    assert missing["found"] == "not installed" and "pip install accelerate" in missing["fix"]
+    # torchrun needs neither; facts of older nodes (no launchers) are fine for it.
+    assert gate(*make(nodes))["ok"] and gate(*make({"a": cpu("a")}))["ok"]

@@ -176,10 +176,23 @@ def test_a_refused_job_does_not_show_its_secret_values():
     assert "hunter2" not in message
 
 
-def test_srun_launcher_needs_slurm_nodes():
-    fails("job.launcher: expected nodes of a SLURM job", launcher="srun")
+def test_srun_spawn_needs_slurm_nodes():
+    fails("job.spawn: expected nodes of a SLURM job", spawn="srun")
     hv = {h: dict(v, torchherd_slurm_job_id="42") for h, v in HOSTVARS.items()}
-    assert run(hostvars=hv, launcher="srun")["job"]["launcher"] == "srun"
+    assert run(hostvars=hv, spawn="srun")["job"]["spawn"] == "srun"
+
+
+def test_launchers_other_than_torchrun_take_a_static_rendezvous_and_no_planned_options():
+    job = run(launcher="accelerate", launcher_args=["--config_file", "acc.yaml"])["job"]
+    assert job["launcher"] == "accelerate" and job["launcher_args"][0] == "--config_file"
+    assert run()["job"]["launcher"] == "torchrun"
+    fails("job.rdzv: expected static with launcher accelerate", launcher="accelerate",
+          rdzv="c10d", nnodes="2:3")
+    fails("job.launcher_args: expected options of accelerate that the plan does not set, "
+          "found --machine_rank", launcher="accelerate", launcher_args=["--machine_rank=2"])
+    fails("found --master_port", launcher="deepspeed", launcher_args=["--master_port", "1"])
+    fails("found --nnodes", launcher_args=["--nnodes", "4"])
+    fails("value of launcher must be one of: torchrun, accelerate, deepspeed", launcher="pdsh")
 
 
 def test_firewall_ports_mode_needs_ports():

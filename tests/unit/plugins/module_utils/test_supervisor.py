@@ -21,8 +21,8 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor impo
     StartError,
     check_start,
     job_env,
+    launcher_argv,
     spawn,
-    torchrun_argv,
 )
 
 # The torchrun_job module's parameters with their defaults, as AnsibleModule hands them over.
@@ -31,6 +31,7 @@ DEFAULTS = {
     "nnodes": "1", "nproc_per_node": 1, "node_rank": 0, "master_addr": "127.0.0.1",
     "master_port": 29500, "rdzv": "static", "max_restarts": 0, "rdzv_conf": {}, "env": {},
     "secret_env": {}, "timeout": 0, "grace": 10, "meta": {}, "wrapper": [],
+    "launcher": "torchrun", "launcher_args": [], "use_cpu": False,
 }
 
 
@@ -40,7 +41,7 @@ def params(**changes):
 
 def test_static_rendezvous_passes_this_nodes_rank_and_the_master():
     paths = run_paths("/srv/th", "r1")
-    argv = torchrun_argv(params(python="/opt/venv/bin/python", nnodes="2", nproc_per_node=4,
+    argv = launcher_argv(params(python="/opt/venv/bin/python", nnodes="2", nproc_per_node=4,
                                 node_rank=1, master_addr="10.0.0.1", master_port=29400),
                          paths)
     assert argv == [
@@ -52,7 +53,7 @@ def test_static_rendezvous_passes_this_nodes_rank_and_the_master():
 
 
 def test_c10d_rendezvous_names_the_endpoint_and_run_with_sorted_settings():
-    argv = torchrun_argv(params(nnodes="2:4", rdzv="c10d", max_restarts=3,
+    argv = launcher_argv(params(nnodes="2:4", rdzv="c10d", max_restarts=3,
                                 rdzv_conf={"timeout": 60, "join_timeout": 30},
                                 master_addr="node0", master_port=29501),
                          run_paths("/srv/th", "r1"))
@@ -66,22 +67,63 @@ def test_c10d_rendezvous_names_the_endpoint_and_run_with_sorted_settings():
 
 
 def test_c10d_without_settings_has_no_rdzv_conf():
-    argv = torchrun_argv(params(rdzv="c10d"), run_paths("/srv/th", "r1"))
+    argv = launcher_argv(params(rdzv="c10d"), run_paths("/srv/th", "r1"))
     assert "--rdzv-conf" not in argv
 
 
 def test_a_wrapper_comes_first_and_script_args_stay_a_list_untouched():
     args = ["--name", "two words", "$HOME; rm -rf /", "'quoted'", "a|b"]
-    argv = torchrun_argv(params(wrapper=["srun", "--jobid=42", "--overlap"], args=args),
+    argv = launcher_argv(params(wrapper=["srun", "--jobid=42", "--overlap"], args=args),
                          run_paths("/srv/th", "r1"))
     assert argv[:4] == ["srun", "--jobid=42", "--overlap", sys.executable]
     assert argv[-6:] == ["train.py", *args]
 
 
 def test_numbers_become_strings():
-    argv = torchrun_argv(params(nproc_per_node=8, max_restarts=2), run_paths("/srv/th", "r1"))
+    argv = launcher_argv(params(nproc_per_node=8, max_restarts=2), run_paths("/srv/th", "r1"))
     assert all(isinstance(arg, str) for arg in argv)
     assert argv[argv.index("--nproc-per-node") + 1] == "8"
+
+
+def test_accelerate_gets_the_plans_machine_rank_and_total_process_count():
+    paths = run_paths("/srv/th", "r1")
+    argv = launcher_argv(params(launcher="accelerate", nnodes="3", nproc_per_node=2, node_rank=1,
+                                master_addr="10.0.0.1", master_port=29511,
+                                launcher_args=["--config_file", "acc.yaml"], args=["--x"]),
+                         paths)
+    assert argv[1:4] == ["-m", "accelerate.commands.launch", "--multi_gpu"]
+    assert argv[argv.index("--num_machines") + 1] == "3"
+    assert argv[argv.index("--machine_rank") + 1] == "1"
+    assert argv[argv.index("--num_processes") + 1] == "6"  # every node's processes
+    assert argv[argv.index("--main_process_ip") + 1] == "10.0.0.1"
+    assert argv[argv.index("--main_process_port") + 1] == "29511"
+    assert "--same_network" in argv  # static rendezvous with this node's rank
+    assert argv[argv.index("--log_dir") + 1] == paths["torchrun_logs"]
+    # The user's launcher options come after the plan's, before the script and its args.
+    assert argv[-4:] == ["--config_file", "acc.yaml", "train.py", "--x"]
+
+
+def test_accelerate_on_a_node_without_gpus_is_switched_to_cpu():
+    env, shown = job_env(params(launcher="accelerate", use_cpu=True), "/d", {})
+    assert env["ACCELERATE_USE_CPU"] == "1" and shown["ACCELERATE_USE_CPU"] == "1"
+    env, _shown = job_env(params(launcher="accelerate", use_cpu=False), "/d", {})
+    assert "ACCELERATE_USE_CPU" not in env
+    env, _shown = job_env(params(launcher="torchrun", use_cpu=True), "/d", {})
+    assert "ACCELERATE_USE_CPU" not in env
+
+
+def test_deepspeed_gets_its_per_node_launcher_with_the_world_of_the_plan():
+    import base64
+
+    argv = launcher_argv(params(launcher="deepspeed", nnodes="2", nproc_per_node=3, node_rank=1,
+                                master_addr="10.0.0.1", master_port=29512),
+                         run_paths("/srv/th", "r1"))
+    assert argv[1:4] == ["-u", "-m", "deepspeed.launcher.launch"]
+    info = next(a for a in argv if a.startswith("--world_info="))
+    world = json.loads(base64.urlsafe_b64decode(info.split("=", 1)[1]))
+    assert world == {"node0": [0, 1, 2], "node1": [0, 1, 2]}
+    assert "--node_rank=1" in argv and "--master_addr=10.0.0.1" in argv
+    assert "--master_port=29512" in argv and argv[-1] == "train.py"
 
 
 def test_the_job_environment_drops_ansible_and_redacts_secrets_in_what_is_shown():

@@ -78,6 +78,10 @@ FIXES = {
                      "job's venv), or point torchherd_job.python at the venv that has it",
     "torch.cuda": "install the torch build for the same CUDA version on every node",
     "torch.nccl": "install the same torch build (it bundles NCCL) on every node",
+    "torch.launchers.accelerate": "install the same accelerate on every node (pip install "
+                                  "accelerate==<version> in the job's venv)",
+    "torch.launchers.deepspeed": "install the same deepspeed on every node (pip install "
+                                 "deepspeed==<version> in the job's venv)",
 }
 
 
@@ -165,11 +169,23 @@ def gate(hosts, hostvars, plan, match=None):
                                          "or launch with another run id"))
 
     usable = {h: f for h, f in facts.items() if f["torch"].get("version")}
+    launcher = job.get("launcher", "torchrun")
+    if launcher != "torchrun":
+        for host, f in usable.items():
+            if not (f["torch"].get("launchers") or {}).get(launcher):
+                py = f["python"].get("path")
+                problems.append(_problem(host, launcher, f"{launcher} installed for {py} "
+                                         f"(launcher {launcher})", "not installed",
+                                         f"pip install {launcher} with {py} (the job's Python), "
+                                         f"or set torchherd_job.python to the venv that has it"))
+        match = match + [f"torch.launchers.{launcher}"]
     reference_host = master if master in usable else next(iter(usable), None)
     if reference_host:
         ref = usable[reference_host]
         for key in match:
             for host, f in usable.items():
+                if key.startswith("torch.launchers.") and None in (_get(f, key), _get(ref, key)):
+                    continue  # a missing launcher is its own problem, above
                 if host != reference_host and _get(f, key) != _get(ref, key):
                     problems.append(_problem(host, f"same {key}",
                                              f"{_get(ref, key)} (as on {reference_host})",

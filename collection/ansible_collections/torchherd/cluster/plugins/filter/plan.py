@@ -157,6 +157,21 @@ _NNODES = re.compile(r"^(\d+):(\d+)$")
 DEFAULT_ROOT = "~/.torchherd"
 
 
+# The launchers' options that torchherd sets from the plan on each node (see _supervisor.py).
+PLANNED_OPTIONS = {
+    "torchrun": {"--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
+                 "--master-addr", "--master_addr", "--master-port", "--master_port",
+                 "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
+                 "--rdzv-id", "--rdzv_id", "--log-dir", "--log_dir", "--redirects", "--tee",
+                 "--max-restarts", "--max_restarts", "--standalone"},
+    "accelerate": {"--num_machines", "--num_processes", "--machine_rank", "--main_process_ip",
+                   "--main_process_port", "--multi_gpu", "--cpu", "--same_network",
+                   "--rdzv_backend", "--log_dir", "--tee", "-t", "--max_restarts"},
+    "deepspeed": {"--world_info", "--node_rank", "--master_addr", "--master_port",
+                  "--nnodes", "--nproc_per_node"},
+}
+
+
 def job_spec():
     """The C(main) options of the plan role's argument spec (the one definition)."""
     with open(SPEC_PATH, encoding="utf-8") as handle:
@@ -322,13 +337,26 @@ def plan(job, groups, hostvars, run_id=""):
         else:
             nnodes = f"{int(match.group(1))}:{int(match.group(2))}"
 
-    if merged["launcher"] == "srun":
+    if merged["spawn"] == "srun":
         outside = [n for n in nodes if not hvs[n].get("torchherd_slurm_job_id")]
         if outside:
-            problems.append(f"job.launcher: expected nodes of a SLURM job (the "
-                            f"torchherd.cluster.slurm inventory) for launcher srun, found "
+            problems.append(f"job.spawn: expected nodes of a SLURM job (the "
+                            f"torchherd.cluster.slurm inventory) for spawn srun, found "
                             f"{', '.join(outside)} outside one; fix: use that inventory, or "
-                            f"launcher ssh")
+                            f"spawn ssh")
+
+    launcher = merged["launcher"]
+    if launcher != "torchrun" and merged["rdzv"] != "static":
+        problems.append(f"job.rdzv: expected static with launcher {launcher} (elastic "
+                        f"rendezvous is torchrun's), found {merged['rdzv']!r}; fix: rdzv static, "
+                        f"or launcher torchrun")
+    for arg in merged["launcher_args"]:
+        option = str(arg).split("=", 1)[0]
+        if option in PLANNED_OPTIONS[launcher]:
+            problems.append(f"job.launcher_args: expected options of {launcher} that the plan "
+                            f"does not set, found {option}; fix: leave it out (torchherd sets it "
+                            f"from the inventory and the job: node rank, node count, master "
+                            f"address and port, processes per node, logs)")
 
     for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1)):
         if merged[key] < low:

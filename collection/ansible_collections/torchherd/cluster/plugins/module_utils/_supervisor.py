@@ -7,6 +7,7 @@ Takes the torchrun_job module's parameters as they are (p)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -48,8 +49,15 @@ def check_start(p, paths):
                          f"none; fix: install it, or give its absolute path")
 
 
-def torchrun_argv(p, paths):
+def launcher_argv(p, paths):
+    """The command line of this node's launcher: the wrapper (srun), the launcher with what the
+    plan decided for this node, the user's launcher options, the script and its arguments."""
     python = p["python"] or sys.executable
+    argv = _LAUNCHERS[p["launcher"]](p, paths, python)
+    return list(p["wrapper"]) + argv + list(p["launcher_args"]) + [p["script"]] + list(p["args"])
+
+
+def _torchrun(p, paths, python):
     argv = [python, "-m", "torch.distributed.run",
             "--nnodes", p["nnodes"], "--nproc-per-node", str(p["nproc_per_node"]),
             "--max-restarts", str(p["max_restarts"]),
@@ -65,7 +73,34 @@ def torchrun_argv(p, paths):
     else:
         argv += ["--node-rank", str(p["node_rank"]),
                  "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
-    return list(p["wrapper"]) + argv + [p["script"]] + list(p["args"])
+    return argv
+
+
+def _accelerate(p, paths, python):
+    # accelerate's multi-process launcher calls torch.distributed.run in its own process (GPU
+    # or, with ACCELERATE_USE_CPU=1 in job_env, CPU with gloo); --same_network gives it the
+    # static rendezvous with this node's rank. --num_processes counts every node's processes.
+    nnodes = int(p["nnodes"])
+    return [python, "-m", "accelerate.commands.launch", "--multi_gpu", "--same_network",
+            "--num_machines", str(nnodes), "--machine_rank", str(p["node_rank"]),
+            "--num_processes", str(nnodes * p["nproc_per_node"]),
+            "--main_process_ip", p["master_addr"], "--main_process_port", str(p["master_port"]),
+            "--max_restarts", str(p["max_restarts"]),
+            "--log_dir", paths["torchrun_logs"], "--tee", "3"]
+
+
+def _deepspeed(p, paths, python):
+    # The per-node launcher that DeepSpeed's own runner starts on each host over pdsh; the world
+    # is described as it would: every node in node-rank order with its local ranks.
+    nnodes = int(p["nnodes"])
+    world = {f"node{i}": list(range(p["nproc_per_node"])) for i in range(nnodes)}
+    info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+    return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
+            f"--node_rank={p['node_rank']}", f"--master_addr={p['master_addr']}",
+            f"--master_port={p['master_port']}"]
+
+
+_LAUNCHERS = {"torchrun": _torchrun, "accelerate": _accelerate, "deepspeed": _deepspeed}
 
 
 def job_env(p, run_dir, environ):
@@ -77,10 +112,17 @@ def job_env(p, run_dir, environ):
     if p["rdzv"] == "c10d":
         # A fresh worker store per rendezvous round: see the module's rdzv option.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # What the launcher needs besides its command line, shown in env.json with the job's own.
+    launcher_env = {}
+    if p["launcher"] == "accelerate" and p["use_cpu"]:
+        # Without it accelerate's multi-process mode on a node without GPUs starts every
+        # process as a world of one, silently.
+        launcher_env["ACCELERATE_USE_CPU"] = "1"
+    env.update(launcher_env)
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({k: str(v) for k, v in p["secret_env"].items()})
     env.update({MARKER: run_dir, "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1"})
-    shown = {k: str(v) for k, v in p["env"].items()}
+    shown = dict(launcher_env, **{k: str(v) for k, v in p["env"].items()})
     shown.update({k: "********" for k in p["secret_env"]})
     return env, shown
 

@@ -95,7 +95,10 @@ python:
   type: dict
   sample: {path: /usr/bin/python3, version: 3.11.2, executable: /usr/bin/python3, error: null}
 torch:
-  description: The torch build of the job interpreter; C(error) says why it could not be imported.
+  description:
+    - The torch build of the job interpreter; C(error) says why it could not be imported.
+    - C(launchers) has the installed version of accelerate and deepspeed for that interpreter,
+      null where one is not installed.
   returned: always
   type: dict
   sample:
@@ -107,6 +110,7 @@ torch:
     gpus: []
     nccl: null
     nccl_available: false
+    launchers: {accelerate: 1.15.0, deepspeed: null}
     gloo_available: true
     error: null
 code_hash:
@@ -186,6 +190,14 @@ try:
         t["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
 except Exception as exc:
     t = {"version": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+# The launchers other than torchrun, by their installed distribution (nothing is imported).
+t["launchers"] = {}
+for name in ("accelerate", "deepspeed"):
+    try:
+        import importlib.metadata as md
+        t["launchers"][name] = md.version(name)
+    except Exception:
+        t["launchers"][name] = None
 out["torch"] = t
 print(json.dumps(out))
 """
@@ -204,8 +216,15 @@ if spec and spec.origin:
             files.append([name, st.st_mtime_ns, st.st_size, st.st_ino])
         except OSError:
             files.append([name, None, None, None])
+launchers = []
+for name in ("accelerate", "deepspeed"):
+    try:
+        import importlib.metadata as md
+        launchers.append(md.version(name))
+    except Exception:
+        launchers.append(None)
 print(json.dumps([os.path.realpath(sys.executable), sys.version, spec.origin if spec else None,
-                  files]))
+                  files, launchers]))
 """
 
 

@@ -59,6 +59,30 @@ options:
     description: Interpreter that runs torchrun; empty means the one running this module.
     type: str
     default: ""
+  launcher:
+    description:
+      - The program that starts the job's processes on this node.
+      - V(torchrun), C(python -m torch.distributed.run); V(accelerate), C(python -m
+        accelerate.commands.launch --multi_gpu) with the plan's machine rank, machine count,
+        total process count, main process address and port (and C(ACCELERATE_USE_CPU=1) with
+        O(use_cpu)); V(deepspeed), C(python -m deepspeed.launcher.launch) with the node rank,
+        master address and port and a world description of O(nnodes) nodes of
+        O(nproc_per_node) processes each.
+      - accelerate runs torch.distributed.run in its own process, so its per-rank logs and error
+        files are torchrun's; DeepSpeed's launcher writes no per-rank files (its ranks' output is
+        in the node log).
+    type: str
+    default: torchrun
+    choices: [torchrun, accelerate, deepspeed]
+  launcher_args:
+    description: Options of the launcher itself, placed before the script.
+    type: list
+    elements: str
+    default: []
+  use_cpu:
+    description: The node has no GPU (accelerate's multi-process mode then needs C(ACCELERATE_USE_CPU=1)).
+    type: bool
+    default: false
   script:
     description: Training script, relative to O(chdir) or absolute. Required with O(state=started).
     type: str
@@ -370,14 +394,14 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._stop import sto
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
     StartError,
     check_start,
+    launcher_argv,
     spawn,
-    torchrun_argv,
 )
 
 
 def start(module, p, paths):
     check_start(p, paths)
-    argv = torchrun_argv(p, paths)
+    argv = launcher_argv(p, paths)
     # The job's firewall rules before the barrier: a node reaches it only once its own rules
     # are in place, so no node starts before every node's firewall lets the others in.
     opened = {}
@@ -466,6 +490,10 @@ def main():
             run_id=dict(type="str", required=True),
             root=dict(type="path", required=True),
             python=dict(type="str", default=""),
+            launcher=dict(type="str", default="torchrun",
+                          choices=["torchrun", "accelerate", "deepspeed"]),
+            launcher_args=dict(type="list", elements="str", default=[]),
+            use_cpu=dict(type="bool", default=False),
             script=dict(type="str"),
             args=dict(type="list", elements="str", default=[]),
             chdir=dict(type="path"),

@@ -1,0 +1,109 @@
+"""launcher accelerate on the container cluster: the plan's ranks and counts, the user's config
+file, a failing process, and preflight's check that every node has it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from driver import launch, verify
+from driver.api import Exit
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOB_PROCS = r"torch\.distributed\.run|accelerate\.commands\.launch|accelerate_gather\.py"
+LINE = re.compile(r"torchherd-accelerate (\w+) host=(\S+) process_index=(\d+) "
+                  r"local_process_index=(\d+) num_processes=(\d+) node_rank=(\S+) "
+                  r"distributed_type=(\S+) mixed_precision=(\S+) "
+                  r"gradient_accumulation_steps=(\d+) gathered=(\S+)")
+
+
+def job(run_id, *args, **extra):
+    return {"script": "accelerate_gather.py", "args": list(args), "code_src": str(EXAMPLES),
+            "nproc_per_node": 2, "launcher": "accelerate", "run_id": run_id, **extra}
+
+
+def lines(runs, run_id, cluster):
+    found = []
+    for node in cluster.nodes:
+        log = (runs / run_id / "nodes" / node.name / "node.log").read_text()
+        found += [m.groups() for m in LINE.finditer(log)]
+    return found
+
+
+def assert_nothing_left(cluster):
+    for node in cluster.nodes:
+        assert cluster.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
+
+
+def test_accelerate_makes_one_world_of_every_node(cluster3, tmp_path):
+    result = launch(job("acc-world"), cluster3.inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    found = lines(tmp_path, "acc-world", cluster3)
+    assert sorted(int(f[2]) for f in found) == list(range(6)), found
+    for ok, host, index, local, count, node_rank, kind, precision, _gas, gathered in found:
+        assert ok == "ok" and count == "6" and gathered == "0,1,2,3,4,5"
+        assert kind == "MULTI_CPU" and precision == "no"
+        # Process index = node rank * processes per node + local index, nodes in inventory order.
+        rank_of_host = [n.name for n in cluster3.nodes].index(host)
+        assert int(index) == 2 * rank_of_host + int(local) and int(node_rank) == rank_of_host
+    node_dir = tmp_path / "acc-world" / "nodes" / cluster3.nodes[1].name
+    argv = json.loads((node_dir / "cmd.json").read_text())
+    assert argv[1:3] == ["-m", "accelerate.commands.launch"]
+    assert argv[argv.index("--machine_rank") + 1] == "1"
+    assert json.loads((node_dir / "env.json").read_text())["ACCELERATE_USE_CPU"] == "1"
+    assert_nothing_left(cluster3)
+
+
+def test_the_users_accelerate_config_is_honoured(cluster3, tmp_path):
+    code = tmp_path / "code"
+    shutil.copytree(EXAMPLES, code)
+    (code / "accelerate.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n"
+        "mixed_precision: bf16\n")
+    result = launch(job("acc-config", code_src=str(code),
+                        launcher_args=["--config_file", "accelerate.yaml"]),
+                    cluster3.inventory, runs_dir=tmp_path / "runs")
+    assert result.ok, result.reason
+    found = lines(tmp_path / "runs", "acc-config", cluster3)
+    assert len(found) == 6 and {f[7] for f in found} == {"bf16"}, found
+    assert {f[0] for f in found} == {"ok"}
+
+
+def test_a_failing_process_under_accelerate_stops_every_node_fast(cluster3, tmp_path):
+    result = launch(job("acc-fail", "--fail-rank", "3"), cluster3.inventory, runs_dir=tmp_path)
+    returned = time.time()
+    assert result.exit_code == Exit.JOB_FAILED, result.reason
+    summary = json.loads((tmp_path / "acc-fail" / "summary.json").read_text())
+    failed = summary["hosts"][cluster3.nodes[1].name]
+    assert failed["state"] == "failed" and failed["failing_rank"] == 3, failed
+    assert failed["exception"] == "RuntimeError: injected failure on process 3"
+    assert cluster3.nodes[1].name in summary["reason"] and "rank 3" in summary["reason"]
+    log = (tmp_path / "acc-fail" / "nodes" / cluster3.nodes[1].name / "node.log").read_text()
+    failed_at = float(re.search(r"torchherd-fail rank=3 t=([\d.]+)", log).group(1))
+    for node in cluster3.nodes:
+        ended = summary["hosts"][node.name]["ended_at"]
+        assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
+    assert returned - failed_at < 15
+    assert_nothing_left(cluster3)
+
+
+def test_preflight_refuses_a_node_without_accelerate(cluster3, tmp_path):
+    node = cluster3.nodes[2]
+    site = cluster3.exec(node, ["python3", "-c", "import accelerate, os; print(os.path.dirname("
+                                "os.path.dirname(accelerate.__file__)))"]).stdout.strip()
+    info = cluster3.exec(node, ["sh", "-c", f"ls -d {site}/accelerate-*.dist-info"]).stdout.strip()
+    cluster3.exec(node, ["mv", info, "/root/accelerate.dist-info.off"])
+    try:
+        result = verify(job("acc-missing"), cluster3.inventory, runs_dir=tmp_path)
+    finally:
+        cluster3.exec(node, ["mv", "/root/accelerate.dist-info.off", info])
+    assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+    assert [(p["host"], p["check"]) for p in result.problems] == [(node.name, "accelerate")]
+    assert result.problems[0]["found"] == "not installed"
