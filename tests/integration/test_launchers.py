@@ -92,6 +92,9 @@ def test_a_failing_process_under_accelerate_stops_every_node_fast(cluster3, tmp_
         assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
     assert returned - failed_at < 15
     assert_nothing_left(cluster3)
+    last_end = max(h["ended_at"] for h in summary["hosts"].values())
+    print(f"accelerate: failure -> all stopped {last_end - failed_at:.1f} s, "
+          f"failure -> launch returned {returned - failed_at:.1f} s")
 
 
 def test_preflight_refuses_a_node_without_accelerate(cluster3, tmp_path):
