@@ -37,6 +37,8 @@ class HostResult(TypedDict, total=False):
 
     node_rank: int
     address: str
+    nproc_per_node: int | None  # processes on this node, as preflight resolved them
+    interface: dict[str, str] | None  # name, address, how: the job's traffic's interface
     state: str  # running succeeded failed stopped timed_out lost unreachable absent unknown
     exit_code: int | None
     unreachable: bool

@@ -91,17 +91,80 @@ def test_interpreter_missing():
     assert checks(verdict) == [("b", "python")]
 
 
-@pytest.mark.parametrize("key,value", [
-    ("python.version", "3.10.12"), ("torch.version", "2.12.0+cpu"),
+@pytest.mark.parametrize("key,value,check,found", [
+    ("python.version", "3.10.12", "python.minor", "3.10"),
+    ("torch.version", "2.12.0+cpu", "torch.version", "2.12.0+cpu"),
 ])
-def test_versions_must_match_the_master(key, value):
+def test_versions_must_match_the_master(key, value, check, found):
     facts = cpu("b")
     section, field = key.split(".")
     facts[section][field] = value
     verdict = gate(*make({"a": cpu("a"), "b": facts, "c": cpu("c")}))
-    assert checks(verdict) == [("b", f"same {key}")]
+    assert checks(verdict) == [("b", f"same {check}")]
     problem = verdict["problems"][0]
-    assert problem["found"] == value and "(as on a)" in problem["expected"]
+    assert problem["found"] == found and "(as on a)" in problem["expected"]
+
+
+def test_another_python_patch_release_does_not_break_a_job():
+    facts = cpu("b")
+    facts["python"]["version"] = "3.11.9"
+    verdict = gate(*make({"a": cpu("a"), "b": facts}))
+    assert verdict["ok"], verdict["problems"]
+
+
+def test_nodes_with_their_own_process_counts():
+    hosts, hostvars, p = make({"a": cpu("a"), "b": cpu("b"), "c": cpu("c")}, nproc_per_node=1)
+    hostvars["b"]["torchherd_nproc_per_node"] = 2
+    hostvars["c"]["torchherd_nproc_per_node"] = "3"
+    p = plan({"script": "train.py", "nproc_per_node": 1}, {"torchherd_nodes": hosts}, hostvars)
+    p["run_id"] = "r1"
+    assert p["world_size"] == 6 and p["nproc_per_node"] is None
+    verdict = gate(hosts, hostvars, p)
+    assert verdict["ok"], verdict["problems"]
+    assert verdict["nprocs"] == {"a": 1, "b": 2, "c": 3}
+    assert verdict["world_size"] == 6 and verdict["nproc_per_node"] is None
+
+
+def test_a_node_of_its_own_auto_takes_its_own_gpu_count():
+    facts = {"a": gpu_facts("a", 8), "b": gpu_facts("b", 4)}
+    hosts, hostvars, _p = make(facts)
+    hostvars["b"]["torchherd_nproc_per_node"] = "auto"
+    hostvars["a"]["torchherd_nproc_per_node"] = "auto"
+    p = plan({"script": "train.py", "nproc_per_node": 2}, {"torchherd_nodes": hosts}, hostvars)
+    p["run_id"] = "r1"
+    verdict = gate(hosts, hostvars, p)
+    assert verdict["ok"], verdict["problems"]
+    assert verdict["nprocs"] == {"a": 8, "b": 4} and verdict["world_size"] == 12
+
+
+def test_interfaces_are_recorded_and_a_node_without_one_is_named():
+    a, b = cpu("a"), cpu("b")
+    a["interface"] = {"name": "data0", "address": "10.0.0.1", "how": "local",
+                      "master": "10.0.0.1", "error": None}
+    b["interface"] = {"name": None, "address": None, "how": "route", "master": "10.0.0.1",
+                      "error": "no route to 10.0.0.1 (Network is unreachable); routes: "
+                               "10.9.0.0/24 dev eth0"}
+    verdict = gate(*make({"a": a, "b": b}))
+    assert checks(verdict) == [("b", "interface")]
+    problem = verdict["problems"][0]
+    assert "10.0.0.1" in problem["expected"] and "10.9.0.0/24 dev eth0" in problem["found"]
+    assert verdict["interfaces"] == {"a": {"name": "data0", "address": "10.0.0.1",
+                                           "how": "local"}}
+    assert "data0 10.0.0.1" in verdict["table"]
+
+
+def test_a_named_interface_missing_on_a_node_is_named():
+    b = cpu("b")
+    b["interface"] = {"name": None, "address": None, "how": "explicit", "master": "10.0.0.1",
+                      "error": "no interface ib0 on this node (it has: eth0 10.0.0.2)"}
+    hosts, hostvars, _p = make({"a": cpu("a"), "b": b})
+    hostvars["b"]["torchherd_socket_ifname"] = "ib0"
+    p = plan({"script": "train.py"}, {"torchherd_nodes": hosts}, hostvars)
+    p["run_id"] = "r1"
+    verdict = gate(hosts, hostvars, p)
+    assert checks(verdict) == [("b", "interface")]
+    assert "interface ib0" in verdict["problems"][0]["expected"]
+    assert "torchherd_socket_ifname" in verdict["problems"][0]["fix"]
 
 
 def test_cuda_and_nccl_versions_must_match():

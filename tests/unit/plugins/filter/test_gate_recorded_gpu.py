@@ -48,7 +48,8 @@ def test_one_node_nccl_auto_resolves_to_one_process_and_passes(h100):
     assert verdict["nproc_per_node"] == 1 and verdict["world_size"] == 1
     assert verdict["backend"] == "nccl"
     row = verdict["table"].splitlines()[1].split()
-    assert row == ["node0", h100["hostname"], "3.12.3", "2.11.0+cu130", "13.0", "2.28.9", "1"]
+    assert row == ["node0", h100["hostname"], "3.12.3", "2.11.0+cu130", "13.0", "2.28.9", "1", "1",
+                   "-"]
 
 
 def test_one_node_backend_auto_picks_nccl(h100):

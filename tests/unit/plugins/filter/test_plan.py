@@ -263,3 +263,34 @@ def test_a_host_in_mode_ports_needs_ports_too():
     fails("job.firewall_ports: expected the ports gloo and NCCL use", hostvars=hv)
     hv["c"]["torchherd_firewall_ports"] = ["50000-50999"]
     assert run(hostvars=hv)["nodes"][2]["firewall"]["ports"] == ["50000-50999"]
+
+
+def test_nodes_set_their_own_python_code_dir_process_count_and_interface():
+    hostvars = {
+        "a": {"ansible_host": "10.0.0.1", "ansible_python_interpreter": "/usr/bin/python3"},
+        "b": {"ansible_host": "10.0.0.2", "torchherd_python": "/opt/other/bin/python",
+              "torchherd_code_dest": "/scratch/code", "torchherd_nproc_per_node": "2",
+              "torchherd_socket_ifname": "ib0"},
+        "c": {"ansible_host": "10.0.0.3", "torchherd_nproc_per_node": 3},
+    }
+    p = run(hostvars=hostvars, nproc_per_node=1, python="/venv/bin/python", socket_ifname="eth1")
+    nodes = {n["host"]: n for n in p["nodes"]}
+    assert nodes["a"]["python"] == "/venv/bin/python"
+    assert nodes["b"]["python"] == "/opt/other/bin/python"
+    assert nodes["b"]["code_dir"] == "/scratch/code"
+    assert nodes["a"]["code_dir"] == "~/.torchherd/code/train"
+    assert [nodes[h]["nproc_per_node"] for h in "abc"] == [1, 2, 3]
+    assert [nodes[h]["interface"] for h in "abc"] == ["eth1", "ib0", "eth1"]
+    assert p["world_size"] == 6 and p["nproc_per_node"] is None
+
+
+def test_a_bad_process_count_of_a_node_is_named():
+    hostvars = dict(HOSTVARS, b={"ansible_host": "10.0.0.2", "torchherd_nproc_per_node": "0"})
+    message = fails("torchherd_nproc_per_node", hostvars=hostvars)
+    assert "host b" in message
+
+
+def test_accelerate_needs_the_same_process_count_everywhere():
+    hostvars = dict(HOSTVARS, b={"ansible_host": "10.0.0.2", "torchherd_nproc_per_node": 2})
+    fails("same count on every node with launcher accelerate", hostvars=hostvars,
+          nproc_per_node=1, launcher="accelerate")

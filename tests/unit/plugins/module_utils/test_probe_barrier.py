@@ -190,3 +190,50 @@ def test_a_master_that_cannot_listen_starts_nothing():
         result = barrier("127.0.0.1", busy.getsockname()[1], "r1", 1, 0.3, listen=True)
     assert not result["go"] and not result["listening"] and result["served"] == 0
     assert result["error"].startswith("cannot listen on port")
+
+
+def test_listener_and_barrier_on_a_kernel_without_ipv6(monkeypatch):
+    """ipv6.disable=1 (common on HPC nodes): creating an AF_INET6 socket fails; the listener
+    falls back to IPv4 and the barrier still goes."""
+    real_socket = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return real_socket(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    sock, error = bind(0)
+    assert error is None and sock.family == socket.AF_INET
+    sock.close()
+    port = free_port()
+    threads, words = peers(port, 1)
+    result = barrier("127.0.0.1", port, "r1", 2, 5, listen=True, expect=2)
+    for thread in threads:
+        thread.join()
+    assert result["go"] and words == [GO]
+
+
+def test_a_node_connects_from_its_interface_address():
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)) as server:
+        seen = []
+
+        def answer() -> None:
+            conn, peer = server.accept()
+            seen.append(peer[0])
+            conn.sendall(TOKEN.encode() + b"\n")
+            conn.close()
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        reachable, error, _sock = connect("127.0.0.1", port, TOKEN, 2, 2, source="127.0.0.3")
+        thread.join()
+    assert reachable, error
+    assert seen == ["127.0.0.3"]
+
+
+def test_a_source_address_not_of_this_node_is_named():
+    reachable, error, _sock = connect("127.0.0.1", free_port(), TOKEN, 1, 1,
+                                      source="192.0.2.254")
+    assert not reachable and "192.0.2.254 is not an address of this node" in error

@@ -28,7 +28,8 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor impo
 # The torchrun_job module's parameters with their defaults, as AnsibleModule hands them over.
 DEFAULTS = {
     "run_id": "r1", "python": "", "script": "train.py", "args": [], "chdir": None,
-    "nnodes": "1", "nproc_per_node": 1, "node_rank": 0, "master_addr": "127.0.0.1",
+    "nnodes": "1", "nproc_per_node": 1, "node_nprocs": [], "node_rank": 0,
+    "master_addr": "127.0.0.1",
     "master_port": 29500, "rdzv": "static", "max_restarts": 0, "rdzv_conf": {}, "env": {},
     "secret_env": {}, "timeout": 0, "grace": 10, "meta": {}, "wrapper": [],
     "launcher": "torchrun", "launcher_args": [], "use_cpu": False,
@@ -124,6 +125,16 @@ def test_deepspeed_gets_its_per_node_launcher_with_the_world_of_the_plan():
     assert world == {"node0": [0, 1, 2], "node1": [0, 1, 2]}
     assert "--node_rank=1" in argv and "--master_addr=10.0.0.1" in argv
     assert "--master_port=29512" in argv and argv[-1] == "train.py"
+
+
+def test_deepspeed_world_with_nodes_of_other_process_counts():
+    import base64
+
+    argv = launcher_argv(params(launcher="deepspeed", nnodes="3", nproc_per_node=2, node_rank=1,
+                                node_nprocs=[1, 2, 3]), run_paths("/srv/th", "r1"))
+    info = next(a for a in argv if a.startswith("--world_info="))
+    world = json.loads(base64.urlsafe_b64decode(info.split("=", 1)[1]))
+    assert world == {"node0": [0], "node1": [0, 1], "node2": [0, 1, 2]}
 
 
 def test_the_job_environment_drops_ansible_and_redacts_secrets_in_what_is_shown():

@@ -35,7 +35,10 @@ options:
     description: Fact keys that must be equal on every node.
     type: list
     elements: str
-    default: [python.version, torch.version, torch.cuda, torch.nccl]
+      - C(python.minor) is the major and minor version of the job's Python (3.11): a patch
+        release (3.11.2 against 3.11.9) does not break a job, another minor version does
+        (pickled objects, compiled extensions).
+    default: [python.minor, torch.version, torch.cuda, torch.nccl]
 """
 
 EXAMPLES = r"""
@@ -58,21 +61,33 @@ _value:
       type: list
       elements: dict
     nproc_per_node:
-      description: Processes per node with C(auto) resolved.
+      description: Processes per node with C(auto) resolved; null when the nodes run different
+        counts (see RV(nprocs)).
       type: int
+    nprocs:
+      description: Host to its processes (its own C(torchherd_nproc_per_node), or the job's,
+        C(auto) resolved to its GPU count, 1 without GPUs).
+      type: dict
     world_size:
-      description: Total number of ranks.
+      description: Total number of ranks, the sum of RV(nprocs).
       type: int
+    interfaces:
+      description:
+        - Host to the interface its job traffic uses (C(name), C(address), C(how)), from
+          RV(torchherd.cluster.node_facts#module:interface); the start exports the name as
+          GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on that host and its barrier connects from
+          the address.
+      type: dict
     table:
       description: A per-host table of the key facts and the problems, for people.
       type: str
 """
 
-DEFAULT_MATCH = ["python.version", "torch.version", "torch.cuda", "torch.nccl"]
+DEFAULT_MATCH = ["python.minor", "torch.version", "torch.cuda", "torch.nccl"]
 MIN_FREE_BYTES = 1 << 30
 
 FIXES = {
-    "python.version": "use the same Python everywhere: one venv built the same way on every "
+    "python.minor": "use the same Python minor version everywhere: one venv built the same way on every "
                       "node, named by torchherd_job.python",
     "torch.version": "install the same torch on every node (pip install torch==<version> in the "
                      "job's venv), or point torchherd_job.python at the venv that has it",
@@ -85,7 +100,18 @@ FIXES = {
 }
 
 
+def _minor(facts):
+    version = str((facts.get("python") or {}).get("version") or "")
+    return ".".join(version.split(".")[:2]) or None
+
+
+# Keys compared that are not facts themselves but derived from them.
+DERIVED = {"python.minor": _minor}
+
+
 def _get(facts, dotted):
+    if dotted in DERIVED:
+        return DERIVED[dotted](facts)
     value = facts
     for part in dotted.split("."):
         if not isinstance(value, dict):
@@ -106,6 +132,14 @@ def _ssh_error(msg):
     if marker > 0:
         text = text[marker:]
     return text.removeprefix("Task failed: ")[:300]
+
+
+def _named(plan, host):
+    """The interface the user named for host in the plan."""
+    for node in plan.get("nodes") or []:
+        if node.get("host") == host:
+            return node.get("interface") or "?"
+    return "?"
 
 
 def _fmt_bytes(count):
@@ -198,14 +232,38 @@ def gate(hosts, hostvars, plan, match=None):
                  or (hostvars.get(host, {}).get("torchherd_start") or {}).get("probe") or {})
         if probe.get("skipped") or not probe or probe.get("reachable"):
             continue
+        iface = (facts[host].get("interface") or {})
+        via = f" from its interface {iface['name']} ({iface['address']})" \
+            if iface.get("name") and iface.get("address") else ""
         problems.append(_problem(
             f"{host} -> {master}", "master reachable",
-            f"a TCP connection from {host} to {addr}:{port}",
+            f"a TCP connection from {host}{via} to {addr}:{port}",
             probe.get("error") or probe.get("msg") or "no answer",
             f"open port {port} on {master} to {host} (the job's firewall role does it, or "
             f"e.g. nft add rule inet filter input ip saddr <{host}'s address> tcp dport {port} "
-            f"accept), check the route between them, or set master_addr / the master's "
-            f"torchherd_address to an address every node reaches"))
+            f"accept), check the route between them both ways, or set master_addr / the "
+            f"master's torchherd_address to an address every node reaches"
+            + (f"; the job's traffic leaves {host} on {iface['name']} "
+               f"({'named by you' if iface.get('how') == 'explicit' else 'its route to ' + addr}):"
+               f" name one that reaches the master with torchherd_socket_ifname or "
+               f"socket_ifname" if via else "")))
+
+    interfaces = {}
+    for host, f in facts.items():
+        iface = f.get("interface") or {}
+        if iface.get("error"):
+            named = iface.get("how") == "explicit"
+            problems.append(_problem(
+                host, "interface",
+                f"interface {iface.get('name') or _named(plan, host)} with an address to reach "
+                f"{addr} from" if named else f"an interface whose route reaches {addr}",
+                iface["error"],
+                "name an interface of this node that reaches the master (torchherd_socket_ifname "
+                "for the node, socket_ifname for the job; ip -br addr lists them)" if named else
+                f"give the node a route to {addr} (the master address), or set master_addr / "
+                f"the master's torchherd_address to an address every node reaches"))
+        elif iface.get("name"):
+            interfaces[host] = {k: iface.get(k) for k in ("name", "address", "how")}
 
     if master in facts and facts[master].get("port_free") is False:
         problems.append(_problem(master, "master port",
@@ -215,16 +273,27 @@ def gate(hosts, hostvars, plan, match=None):
                                  "torchherd_job.master_port to a free port"))
 
     gpu_counts = {h: int(f["torch"].get("gpu_count") or 0) for h, f in usable.items()}
-    nproc = plan["nproc_per_node"]
-    if nproc == "auto":
+    wanted = {n["host"]: n.get("nproc_per_node", plan["nproc_per_node"])
+              for n in plan.get("nodes") or []}
+    if plan["nproc_per_node"] == "auto" and not any(
+            hostvars.get(h, {}).get("torchherd_nproc_per_node") is not None for h in hosts):
+        # The job's auto on every node: a node with fewer GPUs than the others is more often
+        # a broken GPU than a plan; nodes that differ on purpose set their own counts.
         counts = set(gpu_counts.values())
         if len(counts) > 1:
             for host, count in gpu_counts.items():
                 problems.append(_problem(host, "gpu count", "the same GPU count on every node "
                                          "(nproc_per_node auto)", count,
-                                         "set nproc_per_node to a number every node has, or "
-                                         "fix CUDA_VISIBLE_DEVICES"))
-        nproc = max(min(counts) if counts else 0, 1)
+                                         "set nproc_per_node to a number every node has, give "
+                                         "nodes that differ their own torchherd_nproc_per_node, "
+                                         "or fix CUDA_VISIBLE_DEVICES"))
+        wanted = dict.fromkeys(hosts, max(min(counts) if counts else 0, 1))
+    nprocs = {}
+    for host in hosts:
+        count = wanted.get(host, plan["nproc_per_node"])
+        nprocs[host] = max(gpu_counts.get(host, 0), 1) if count == "auto" else int(count or 1)
+    distinct = set(nprocs.values())
+    nproc = distinct.pop() if len(distinct) == 1 else None
     backend = job.get("backend", "auto")
     if backend == "auto":
         backend = "nccl" if gpu_counts and min(gpu_counts.values()) > 0 else "gloo"
@@ -236,9 +305,10 @@ def gate(hosts, hostvars, plan, match=None):
                                          f"NCCL not available (torch {t.get('version')}, "
                                          f"CUDA {t.get('cuda')})",
                                          "install a CUDA build of torch, or use backend gloo"))
-            if gpu_counts[host] < nproc:
-                problems.append(_problem(host, "gpus", f">= {nproc} GPUs for nproc_per_node "
-                                         f"{nproc} with nccl", f"{gpu_counts[host]} GPUs",
+            if gpu_counts[host] < nprocs[host]:
+                problems.append(_problem(host, "gpus", f">= {nprocs[host]} GPUs for "
+                                         f"nproc_per_node {nprocs[host]} with nccl",
+                                         f"{gpu_counts[host]} GPUs",
                                          "lower nproc_per_node to the GPU count (or auto), "
                                          "check CUDA_VISIBLE_DEVICES, or use backend gloo on CPU"))
         elif not t.get("gloo_available"):
@@ -264,25 +334,29 @@ def gate(hosts, hostvars, plan, match=None):
     rows = []
     for host in hosts:
         f = facts.get(host)
+        iface = interfaces.get(host) or {}
         if f:
             t = f["torch"]
             rows.append([host, f.get("hostname") or "", (f["python"].get("version") or "-"),
                          t.get("version") or "-", t.get("cuda") or "-", t.get("nccl") or "-",
-                         str(gpu_counts.get(host, 0))])
+                         str(gpu_counts.get(host, 0)), str(nprocs[host]),
+                         f"{iface['name']} {iface['address']}" if iface else "-"])
         else:
-            rows.append([host, "-", "-", "-", "-", "-", "-"])
+            rows.append([host, "-", "-", "-", "-", "-", "-", str(nprocs[host]), "-"])
     return {
         "ok": not problems,
         "problems": problems,
         "nproc_per_node": nproc,
-        "world_size": nproc * len(hosts),
+        "nprocs": nprocs,
+        "world_size": sum(nprocs.values()),
+        "interfaces": interfaces,
         "backend": backend,
         "table": render(rows, problems),
     }
 
 
 def render(rows, problems):
-    head = ["node", "hostname", "python", "torch", "cuda", "nccl", "gpus"]
+    head = ["node", "hostname", "python", "torch", "cuda", "nccl", "gpus", "procs", "interface"]
     lines = _table(head, rows)
     if problems:
         lines += ["", f"{len(problems)} problem(s):"]

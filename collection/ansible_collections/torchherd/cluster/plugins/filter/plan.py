@@ -33,9 +33,10 @@ options:
     description:
       - The inventory's C(hostvars); C(torchherd_address), else C(ansible_host), else the name
         gives a node's address.
-      - A node's C(torchherd_root), C(ansible_python_interpreter) and C(torchherd_firewall_*)
-        variables set its own values; strings from an INI inventory are coerced as Ansible
-        coerces booleans and lists.
+      - A node's C(torchherd_root), C(torchherd_python) (else C(ansible_python_interpreter)),
+        C(torchherd_code_dest), C(torchherd_nproc_per_node), C(torchherd_socket_ifname) and
+        C(torchherd_firewall_*) variables set its own values where nodes differ; strings from
+        an INI inventory are coerced as Ansible coerces booleans and lists.
     type: dict
     required: true
   run_id:
@@ -88,13 +89,24 @@ _value:
           type: str
           sample: ~/.torchherd
         code_dir:
-          description: Where the code goes on the node, the job's C(code_dest) or C(<root>/code/<name>); may start with C(~).
+          description: Where the code goes on the node, the node's C(torchherd_code_dest), else the job's C(code_dest), else C(<root>/code/<name>); may start with C(~).
           type: str
           sample: ~/.torchherd/code/train
         python:
-          description: The job's C(python), else the node's C(ansible_python_interpreter), else empty.
+          description: The node's C(torchherd_python), else the job's C(python), else the node's C(ansible_python_interpreter), else empty.
           type: str
           sample: /opt/venv/bin/python
+        nproc_per_node:
+          description: The node's C(torchherd_nproc_per_node), else the job's; an integer or C(auto).
+          type: raw
+          sample: 2
+        interface:
+          description:
+            - The interface the user named for the job's traffic on this node (the node's
+              C(torchherd_socket_ifname), else the job's C(socket_ifname)); empty lets preflight
+              choose it by the route to the master address.
+          type: str
+          sample: ib0
         firewall:
           description: The node's firewall settings, the job's unless the node sets C(torchherd_firewall_*) itself.
           type: dict
@@ -127,10 +139,12 @@ _value:
       description: Number of nodes (C(MIN:MAX) for elastic jobs).
       type: str
     nproc_per_node:
-      description: Processes per node, or C(auto) until preflight resolves it.
+      description: Processes per node, or C(auto) until preflight resolves it; null when the
+        nodes set different counts (see each node's).
       type: raw
     world_size:
-      description: Total number of ranks, or null while nproc_per_node is C(auto).
+      description: Total number of ranks (the sum over the nodes), or null while a node's
+        nproc_per_node is C(auto).
       type: int
     master:
       description: C(host), C(addr) and C(port) of the rendezvous master.
@@ -315,6 +329,16 @@ def plan(job, groups, hostvars, run_id=""):
         problems.append(f"job.nproc_per_node: expected a positive integer or 'auto', found "
                         f"{merged['nproc_per_node']!r}; fix: set it to the GPUs per node, "
                         f"or 'auto'")
+    # Nodes with other GPU counts set their own: torchrun gives each process its global rank
+    # from the counts of the nodes before it.
+    nprocs = {}
+    for name in nodes:
+        own = hvs[name].get("torchherd_nproc_per_node")
+        nprocs[name] = nproc if own is None else _nproc(own)
+        if own is not None and nprocs[name] is None:
+            problems.append(f"host {name}: torchherd_nproc_per_node: expected a positive "
+                            f"integer or 'auto', found {own!r}; fix: correct it in the "
+                            f"inventory")
 
     master = merged["master"] or (nodes[0] if nodes else "")
     if merged["master"] and master not in nodes:
@@ -350,6 +374,12 @@ def plan(job, groups, hostvars, run_id=""):
         problems.append(f"job.rdzv: expected static with launcher {launcher} (elastic "
                         f"rendezvous is torchrun's), found {merged['rdzv']!r}; fix: rdzv static, "
                         f"or launcher torchrun")
+    counts = {n for n in nprocs.values() if n is not None}
+    if launcher == "accelerate" and len(counts) > 1:
+        problems.append(f"torchherd_nproc_per_node: expected the same count on every node with "
+                        f"launcher accelerate (it gives every machine num_processes / "
+                        f"num_machines), found {', '.join(f'{n}={c}' for n, c in nprocs.items())};"
+                        f" fix: the same count everywhere, or launcher torchrun or deepspeed")
     for arg in merged["launcher_args"]:
         option = str(arg).split("=", 1)[0]
         if option in PLANNED_OPTIONS[launcher]:
@@ -396,18 +426,23 @@ def plan(job, groups, hostvars, run_id=""):
     merged["name"] = name
     merged["nproc_per_node"] = nproc
     root_of = {h: str(hvs[h].get("torchherd_root") or DEFAULT_ROOT) for h in nodes}
+    uniform = list(dict.fromkeys(nprocs.values()))
     return {
         "run_id": run_id,
         "job": redact(merged),
         "nodes": [{"host": h, "address": addresses[h], "node_rank": i, "root": root_of[h],
-                   "code_dir": merged["code_dest"] or f"{root_of[h]}/code/{name}",
-                   "python": str(merged["python"] or hvs[h].get("ansible_python_interpreter")
-                                 or ""),
+                   "code_dir": str(hvs[h].get("torchherd_code_dest") or merged["code_dest"]
+                                   or f"{root_of[h]}/code/{name}"),
+                   "python": str(hvs[h].get("torchherd_python") or merged["python"]
+                                 or hvs[h].get("ansible_python_interpreter") or ""),
+                   "nproc_per_node": nprocs[h],
+                   "interface": str(hvs[h].get("torchherd_socket_ifname")
+                                    or merged["socket_ifname"] or ""),
                    "firewall": firewalls[h]}
                   for i, h in enumerate(nodes)],
         "nnodes": nnodes,
-        "nproc_per_node": nproc,
-        "world_size": None if nproc == "auto" else nproc * len(nodes),
+        "nproc_per_node": uniform[0] if len(uniform) == 1 else None,
+        "world_size": None if "auto" in uniform else sum(nprocs.values()),
         "master": {"host": master,
                    "addr": merged["master_addr"] or addresses[master],
                    "port": port},

@@ -21,8 +21,14 @@ def bind(port):
     """(listening socket, None) or (None, reason)."""
     last = None
     for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        # A kernel without IPv6 (ipv6.disable=1, common on HPC nodes) refuses the AF_INET6
+        # socket itself: then plain IPv4.
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            last = exc
+            continue
+        try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 # One dual-stack socket where the node has IPv6, else plain IPv4.
@@ -105,15 +111,18 @@ class _Lines:
         self.sock.close()
 
 
-def connect(host, port, token, timeout, window, keep=False):
+def connect(host, port, token, timeout, window, keep=False, source=None):
     """(reachable, error, socket or None). A refused connection is tried again until `window`
     seconds have passed: the master may start listening a moment after a node first tries.
-    With `keep`, the connection stays open for wait_word()."""
+    With `keep`, the connection stays open for wait_word(). With `source`, it leaves from that
+    local address: the master's answer must then come back to it, which proves the path the
+    job's peers take to this node's interface."""
     deadline = time.monotonic() + window
     while True:
         start = time.monotonic()
         try:
-            sock = socket.create_connection((host, port), timeout=timeout)
+            sock = socket.create_connection((host, port), timeout=timeout,
+                                            source_address=(source, 0) if source else None)
         except ConnectionRefusedError:
             if time.monotonic() + 0.1 < deadline:
                 time.sleep(0.1)
@@ -121,8 +130,12 @@ def connect(host, port, token, timeout, window, keep=False):
             return False, (f"connection refused for {window:g} s (nothing listens there, "
                            f"or a firewall rejects it)"), None
         except socket.timeout:
-            return False, f"timed out after {timeout:g} s (a firewall dropping the port?)", None
+            via = f" from {source}" if source else ""
+            return False, (f"timed out after {timeout:g} s connecting{via} (a firewall dropping "
+                           f"the port, or no way back to {source or 'this node'}?)"), None
         except OSError as exc:
+            if source and exc.errno == errno.EADDRNOTAVAIL:
+                return False, f"{source} is not an address of this node", None
             unreachable = exc.errno == errno.EHOSTUNREACH
             return False, "no route to host" if unreachable else (exc.strerror or str(exc)), None
         lines = _Lines(sock)
@@ -157,11 +170,11 @@ def run_token(run_id):
     return f"torchherd-{run_id}"
 
 
-def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False):
+def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False, source=None):
     """One node's part of the probe, run on every node at once: the master (`listen`) answers up
     to `expect` nodes for `window` seconds while every node, the master too, connects to
     host:port, retries a refused connection for `window` seconds and waits `timeout` seconds
-    for the handshake and the token.
+    for the handshake and the token, from the local address `source` where given.
 
     Returns (result, held). result: reachable, error, seconds (to connect and read the token),
     and on the master listening and served. With `hold`, held is what the barrier decides on:
@@ -178,7 +191,7 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
         listener = Listener(sock, token, expect, window, hold=hold)
         listener.start()
     reachable, error, kept = connect(host, port, token, timeout, window,
-                                     keep=hold and listener is None)
+                                     keep=hold and listener is None, source=source)
     result.update(reachable=reachable, error=error, seconds=round(time.monotonic() - started, 3))
     if listener is None:
         return result, kept
@@ -188,12 +201,13 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     return result, listener if hold else None
 
 
-def barrier(host, port, run_id, timeout, window, listen=False, expect=1):
+def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=None):
     """The probe as a start barrier: every node reaches the master port, or none starts.
 
     The probe's result plus `go`: the master tells each node to go only once all `expect`
     nodes have come, and to abort otherwise."""
-    result, held = probe(host, port, run_token(run_id), timeout, window, listen, expect, hold=True)
+    result, held = probe(host, port, run_token(run_id), timeout, window, listen, expect,
+                         hold=True, source=source)
     if listen:
         go = result["reachable"] and result["served"] >= expect
         if held is not None:

@@ -194,6 +194,9 @@ def summarize(run_dir, plan, results, marks, previous=None):
             state = "lost"
         entry = {
             "node_rank": node["node_rank"], "address": node["address"], "state": state,
+            # What preflight resolved for the node: its processes and its job's interface.
+            "nproc_per_node": (plan.get("nprocs") or {}).get(host, node.get("nproc_per_node")),
+            "interface": (plan.get("interfaces") or {}).get(host),
             "exit_code": res.get("exit_code"), "unreachable": bool(res.get("unreachable")),
             "error": res.get("error"), "last_line": res.get("last_line") or "",
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),

@@ -92,8 +92,8 @@ def _accelerate(p, paths, python):
 def _deepspeed(p, paths, python):
     # The per-node launcher that DeepSpeed's own runner starts on each host over pdsh; the world
     # is described as it would: every node in node-rank order with its local ranks.
-    nnodes = int(p["nnodes"])
-    world = {f"node{i}": list(range(p["nproc_per_node"])) for i in range(nnodes)}
+    counts = p["node_nprocs"] or [p["nproc_per_node"]] * int(p["nnodes"])
+    world = {f"node{i}": list(range(count)) for i, count in enumerate(counts)}
     info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
     return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
             f"--node_rank={p['node_rank']}", f"--master_addr={p['master_addr']}",

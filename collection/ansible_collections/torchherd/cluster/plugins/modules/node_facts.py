@@ -62,6 +62,18 @@ options:
     type: list
     elements: str
     default: []
+  master_addr:
+    description:
+      - The master's address (or name) as the job reaches it; with it, the module chooses the
+        interface the job's traffic uses on this node (see RV(interface)). Empty skips that.
+    type: str
+    default: ""
+  interface:
+    description:
+      - The interface the user named for this node; empty lets the route to O(master_addr)
+        decide.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -131,6 +143,19 @@ addresses:
   returned: always
   type: dict
   sample: {eth0: [10.66.101.10]}
+interface:
+  description:
+    - The interface the job's traffic leaves this node on, for GLOO_SOCKET_IFNAME and
+      NCCL_SOCKET_IFNAME, and its own address (the one the start's barrier connects from);
+      null without O(master_addr).
+    - C(how) says how it was chosen - C(explicit) (O(interface)), C(local) (the interface
+      holding O(master_addr): this node is the master), C(route) (the one the kernel's route to
+      O(master_addr) leaves on) - and C(master) is the address O(master_addr) resolved to.
+    - C(error) says why none could be chosen (no such interface, no address of the master's
+      family on it, no route), with the node's interfaces or routes; null otherwise.
+  returned: always
+  type: dict
+  sample: {name: data0, address: 10.67.101.11, how: route, master: 10.67.101.10, error: null}
 port_free:
   description: Whether O(port) can be bound on this node; null when not checked.
   returned: always
@@ -165,6 +190,10 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
+from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import (
+    interfaces,
+    select,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
@@ -310,23 +339,6 @@ def probe_torch(python, timeout):
     return out["python"], out["torch"]
 
 
-def addresses():
-    try:
-        proc = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True,
-                              timeout=10, check=False)
-        found = {}
-        for link in json.loads(proc.stdout or "[]"):
-            found[link["ifname"]] = [a["local"] for a in link.get("addr_info", []) if "local" in a]
-        return found
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        # No iproute2: fall back to what the resolver knows of our own name.
-        try:
-            infos = socket.getaddrinfo(socket.gethostname(), None)
-        except OSError:
-            return {}
-        return {"unknown": sorted({i[4][0] for i in infos})}
-
-
 def port_free(port):
     """Bind like a server would (SO_REUSEADDR, so TIME_WAIT leftovers don't count as in use)."""
     for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
@@ -363,6 +375,8 @@ def main():
             cache_seconds=dict(type="int", default=0),
             code_dir=dict(type="path", default=""),
             code_files=dict(type="list", elements="str", default=[]),
+            master_addr=dict(type="str", default=""),
+            interface=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
@@ -370,6 +384,7 @@ def main():
     python = p["python"] or sys.executable
     root = os.path.abspath(p["root"])
     py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"])
+    ifaces = interfaces()
     code_hash = None
     code_dir = os.path.abspath(p["code_dir"]) if p["code_dir"] else ""
     if code_dir and p["code_files"] and os.path.isdir(code_dir):
@@ -383,7 +398,8 @@ def main():
         python=py,
         torch=torch,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        addresses=addresses(),
+        addresses=ifaces,
+        interface=select(p["master_addr"], p["interface"], ifaces) if p["master_addr"] else None,
         port_free=port_free(p["port"]) if p["port"] else None,
         disk_free_bytes=free_disk(root),
         rsync=shutil.which("rsync"),

@@ -53,6 +53,13 @@ options:
     description: Longest life of the listener, and how long a refused connection is retried.
     type: float
     default: 20
+  source:
+    description:
+      - The local address to connect from, the one of the interface the job's traffic uses
+        (RV(torchherd.cluster.node_facts#module:interface)): the answer must then come back to
+        it, as the job's peers' traffic must. Empty lets the kernel pick.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -109,12 +116,13 @@ def main():
             listen=dict(type="bool", default=False),
             expect=dict(type="int", default=1),
             seconds=dict(type="float", default=20),
+            source=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
     p = module.params
     result, _held = probe(p["host"], p["port"], p["token"], p["timeout"], p["seconds"],
-                          listen=p["listen"], expect=p["expect"])
+                          listen=p["listen"], expect=p["expect"], source=p["source"] or None)
     module.exit_json(changed=False, **result)
 
 

@@ -102,6 +102,14 @@ options:
     description: Worker processes on this node.
     type: int
     default: 1
+  node_nprocs:
+    description:
+      - Worker processes of every node in node-rank order, where nodes run different counts;
+        the deepspeed launcher's world description needs them all. Empty means
+        O(nproc_per_node) on every node.
+    type: list
+    elements: int
+    default: []
   node_rank:
     description: This node's rank (static rendezvous).
     type: int
@@ -204,6 +212,13 @@ options:
           connection (the master may listen a moment after a node first tries).
         type: float
         default: 20
+      source:
+        description:
+          - The local address this node connects from, the one of the interface the job's
+            traffic uses (RV(torchherd.cluster.node_facts#module:interface)): the master's answer
+            must come back to it, as the job's peers must. Empty lets the kernel pick.
+        type: str
+        default: ""
   firewall:
     description:
       - With O(state=started), the job's firewall rules (see M(torchherd.cluster.firewall_rules),
@@ -416,7 +431,8 @@ def start(module, p, paths):
     if p["barrier"]:
         b = p["barrier"]
         probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
-                        b["window"], listen=b["listen"], expect=b["expect"])
+                        b["window"], listen=b["listen"], expect=b["expect"],
+                        source=b["source"] or None)
         if not probe.pop("go"):
             module.exit_json(changed=bool(opened and opened["firewall"]["changed"]), started=False,
                              job_state="absent", pid=None, exit_code=None, cmd=argv,
@@ -499,6 +515,7 @@ def main():
             chdir=dict(type="path"),
             nnodes=dict(type="str", default="1"),
             nproc_per_node=dict(type="int", default=1),
+            node_nprocs=dict(type="list", elements="int", default=[]),
             node_rank=dict(type="int", default=0),
             master_addr=dict(type="str", default="127.0.0.1"),
             master_port=dict(type="int", default=29500),
@@ -520,6 +537,7 @@ def main():
                 expect=dict(type="int", default=1),
                 timeout=dict(type="float", default=3),
                 window=dict(type="float", default=20),
+                source=dict(type="str", default=""),
             )),
             firewall=dict(type="dict", options=dict(RULE_OPTIONS)),
         ),
