@@ -46,6 +46,7 @@ class HostResult(TypedDict, total=False):
     last_line: str
     started_at: float | None
     ended_at: float | None
+    clock_offset: float | None  # seconds the node's clock is ahead of the controller's
     log: str | None  # runs/<run_id>/nodes/<host>/node.log on the controller
     logs_fetched: bool
     failing_rank: int | None

@@ -13,9 +13,15 @@ before the node counts as lost: a busy controller or a lost packet must not stop
 Doing it here rather than in a second task keeps the watch at one task per node; a task that
 is only there for the rare case still costs the controller a worker per node on every launch,
 even where it is skipped.
+
+Every answer gets C(received_at), the controller's time when it came back: with the node's own
+C(checked_at) it gives how far that node's clock is off, so that times of different nodes can
+be compared (summary.json's root cause, timings) without the clocks agreeing.
 """
 
 from __future__ import annotations
+
+import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action.normal import ActionModule as NormalAction
@@ -26,6 +32,12 @@ class ActionModule(NormalAction):
     """The module as any other (temporary files, async), with a second try for a wait."""
 
     def run(self, tmp=None, task_vars=None):
+        result = self._run(tmp, task_vars)
+        if isinstance(result, dict) and result.get("checked_at") is not None:
+            result["received_at"] = time.time()
+        return result
+
+    def _run(self, tmp, task_vars):
         if self._task.args.get("secret_env_var"):
             return self._run_with_secrets(tmp, task_vars)
         if self._task.args.get("state") != "waiting":

@@ -13,6 +13,10 @@ description:
   - Reads C(torchherd_node) (its node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
+  - C(started_at) and C(ended_at) are on the controller's clock, C(clock_offset) seconds behind
+    the node's (from the time the node answered and the time its answer came back, see the
+    action of C(torchherd.cluster.torchrun_job)), so that nodes whose clocks disagree compare
+    right; C(checked_at) stays on the node's clock.
 positional: _input, hostvars
 options:
   _input:
@@ -47,13 +51,25 @@ def _plain(value):
     return value if isinstance(value, dict) else {}
 
 
+def _clock_offset(res):
+    """How far the node's clock is ahead of the controller's (seconds, to the return trip):
+    its time when it answered against the controller's when the answer came back."""
+    if res.get("checked_at") is None or res.get("received_at") is None:
+        return None
+    return round(float(res["checked_at"]) - float(res["received_at"]), 3)
+
+
+def _shifted(at, offset):
+    return at if at is None or offset is None else round(float(at) - offset, 3)
+
+
 def node_results(hosts, hostvars):
     out = {}
     for host in hosts:
         hv = hostvars.get(host, {})
         entry = {"node_rank": (hv.get("torchherd_node") or {}).get("node_rank"), "job_state": None,
                  "exit_code": None, "unreachable": False, "error": None, "last_line": "",
-                 "started_at": None, "ended_at": None, "checked_at": None,
+                 "started_at": None, "ended_at": None, "checked_at": None, "clock_offset": None,
                  "logs_fetched": False}
         # The latest word on the job wins: stop, then watch, then status, then start.
         for key in _KEYS:
@@ -63,10 +79,14 @@ def node_results(hosts, hostvars):
                 entry["error"] = (res.get("msg") or "unreachable").strip().splitlines()[0]
                 continue
             if res.get("job_state"):
+                # The node's times on the controller's clock: nodes' clocks may be minutes
+                # apart, and the first node to fail is found by comparing them.
+                offset = _clock_offset(res)
                 entry.update(job_state=res["job_state"], exit_code=res.get("exit_code"),
                              last_line=res.get("last_line") or "",
-                             started_at=res.get("started_at"), ended_at=res.get("ended_at"),
-                             checked_at=res.get("checked_at"))
+                             started_at=_shifted(res.get("started_at"), offset),
+                             ended_at=_shifted(res.get("ended_at"), offset),
+                             checked_at=res.get("checked_at"), clock_offset=offset)
                 break
             if res.get("failed"):
                 entry["error"] = str(res.get("msg"))[:500]

@@ -200,7 +200,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
             "exit_code": res.get("exit_code"), "unreachable": bool(res.get("unreachable")),
             "error": res.get("error"), "last_line": res.get("last_line") or "",
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
-            "checked_at": res.get("checked_at"),
+            "checked_at": res.get("checked_at"), "clock_offset": res.get("clock_offset"),
             "log": os.path.join(node_dir, "node.log") if os.path.exists(
                 os.path.join(node_dir, "node.log")) else None,
             "logs_fetched": bool(res.get("logs_fetched")),

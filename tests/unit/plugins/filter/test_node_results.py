@@ -1,0 +1,29 @@
+"""Results of the nodes on the controller's clock: nodes whose clocks disagree still compare."""
+
+from ansible_collections.torchherd.cluster.plugins.filter.node_results import node_results
+from ansible_collections.torchherd.cluster.plugins.module_utils._summary import summarize
+
+
+def watched(ended_at, checked_at, received_at, state="failed"):
+    return {"torchherd_node": {"node_rank": 0},
+            "torchherd_watch": {"job_state": state, "exit_code": 1, "started_at": ended_at - 5,
+                                "ended_at": ended_at, "checked_at": checked_at,
+                                "received_at": received_at}}
+
+
+def test_a_node_whose_clock_is_minutes_ahead_does_not_look_later():
+    # The controller saw n0's answer at 1000.2 and n1's at 1000.4. n0's clock is right and its
+    # job ended at 999.0; n1's clock is 300 s ahead and its job ended at 1299.5 on it
+    # (999.5 on the controller's): n0 failed first.
+    hostvars = {"n0": watched(999.0, 1000.2, 1000.2),
+                "n1": watched(1299.5, 1300.4, 1000.4)}
+    results = node_results(["n0", "n1"], hostvars)
+    assert results["n1"]["clock_offset"] == 300.0 and results["n0"]["clock_offset"] == 0.0
+    assert results["n1"]["ended_at"] == 999.5 and results["n1"]["started_at"] == 994.5
+    plan = {"run_id": "r1", "nodes": [{"host": "n0", "node_rank": 0, "address": "a"},
+                                      {"host": "n1", "node_rank": 1, "address": "b"}]}
+    summary = summarize("/nonexistent", plan, results, {})
+    assert summary["reason"].startswith("node n0 (node_rank 0)")
+    # The same answers without the controller's time: the node's clock is all there is.
+    hostvars["n1"]["torchherd_watch"].pop("received_at")
+    assert node_results(["n1"], hostvars)["n1"]["ended_at"] == 1299.5
