@@ -7,6 +7,7 @@ because no container registry is reachable; see /work/shared/TESTBED.md for the 
 
     python -m tests.cluster.testbed build
     python -m tests.cluster.testbed up demo [-n 3] [--subnet-index 5] [--extra outsider]
+        [--data-network] [--no-ipv6 INDEX]
     python -m tests.cluster.testbed status [demo] [--json]
     python -m tests.cluster.testbed down demo
 
@@ -28,11 +29,12 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 CONTAINERS_CONF = HERE / "containers.conf"
@@ -54,7 +56,23 @@ LABEL_CLUSTER = "io.torchherd.testbed.cluster"
 LABEL_ROLE = "io.torchherd.testbed.role"
 LABEL_INDEX = "io.torchherd.testbed.index"
 LABEL_IP = "io.torchherd.testbed.ip"
+LABEL_DATA_IP = "io.torchherd.testbed.data-ip"
+LABEL_MGMT_IF = "io.torchherd.testbed.mgmt-if"
+LABEL_DATA_IF = "io.torchherd.testbed.data-if"
+# On a data network: whose it is. Cluster "a"'s data network torchherd-a-data has the name of
+# cluster "a-data"'s management network; only the label tells them apart.
+LABEL_DATA_NETWORK_OF = "io.torchherd.testbed.data-network-of"
 LABEL_HASH = "io.torchherd.testbed.containerfile-sha256"
+
+# Interface names of data-network nodes, by node index (cycling): real clusters name their
+# NICs differently from machine to machine, so a job must not assume one name everywhere. The
+# first three nodes share neither a management nor a data interface name.
+MGMT_IFNAMES = ("eth0", "mgmt0", "eno1")
+DATA_IFNAMES = ("data0", "ib0", "enp65s0f1")
+# The nodes' own nftables table that makes the management network carry SSH only.
+MGMT_FIREWALL_TABLE = "testbed_mgmt"
+# Management and data networks of test clusters; each range has a blackhole on the host.
+TESTBED_RANGES = ("10.66.0.0/16", "10.67.0.0/16")
 
 FIRST_NODE_HOST = 10
 FIRST_EXTRA_HOST = 200
@@ -112,13 +130,16 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     stream: bool = False,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run argv with the testbed environment; stream=True sends its output to stderr live."""
+    """Run argv with the testbed environment; stream=True sends its output to stderr live,
+    input (if any) goes to its stdin."""
     try:
         result = subprocess.run(
             list(argv),
             env=_env(),
-            stdin=subprocess.DEVNULL,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            input=input,
             stdout=sys.stderr if stream else subprocess.PIPE,
             stderr=sys.stderr if stream else subprocess.PIPE,
             text=True,
@@ -323,8 +344,19 @@ def _build_node_image(tag: str, wheelhouse: Path, *, stream: bool = False) -> No
 
 @dataclass(frozen=True)
 class Node:
+    """A container: ip is its management address (SSH, ansible_host); a node of a cluster with
+    a data network also has data_ip on data_if, the address other nodes reach it at."""
+
     name: str
     ip: str
+    data_ip: str | None = None
+    mgmt_if: str = "eth0"
+    data_if: str | None = None
+
+    @property
+    def fabric_if(self) -> str:
+        """The interface node-to-node traffic uses: the data one, else the management one."""
+        return self.data_if or self.mgmt_if
 
 
 NodeRef = Node | str | int
@@ -341,6 +373,11 @@ class Cluster:
     @property
     def network(self) -> str:
         return network_name(self.name)
+
+    @property
+    def data_network(self) -> str | None:
+        """The data network's podman name, None for a cluster without one."""
+        return data_network_name(self.name) if any(n.data_ip for n in self.nodes) else None
 
     def node(self, ref: NodeRef) -> Node:
         """A node or extra container by Node, index into nodes, or (short or full) name."""
@@ -400,6 +437,40 @@ class Cluster:
     def read_file(self, node: NodeRef, path: str) -> str:
         return self.exec(node, ["cat", path]).stdout
 
+    def throttle(self, node: NodeRef, rate: str = "50mbit") -> None:
+        """Shape what the node sends on its data interface (the management one without a data
+        network) to rate, e.g. "50mbit": a slow interconnect. Only egress is shaped, so throttle
+        the sending side. unthrottle() undoes it."""
+        target = self.node(node)
+        self.exec(target, ["tc", "qdisc", "replace", "dev", target.fabric_if, "root", "tbf",
+                           "rate", rate, "burst", "32kbit", "latency", "400ms"])  # fmt: skip
+
+    def unthrottle(self, node: NodeRef) -> None:
+        """Back to the interface's default queueing; fine if it was not throttled."""
+        target = self.node(node)
+        argv = ["tc", "qdisc", "del", "dev", target.fabric_if, "root"]
+        result = self.exec(target, argv, check=False)
+        # tc's answer when there is no root qdisc of ours to delete.
+        if result.returncode != 0 and "handle of zero" not in result.stderr:
+            raise CommandError(result.args, result)
+
+    def write_inventory(
+        self, host_vars: Mapping[str, Mapping[str, str]] | None = None, path: Path | None = None
+    ) -> Path:
+        """Write an inventory like the cluster's own plus per-host variables (keyed by a node's
+        full or short name, e.g. {"node1": {"torchherd_socket_ifname": "ib0"}}) and return its
+        path: by default a file next to the default inventory, named after its content so that
+        tests asking for different variables never overwrite each other's."""
+        by_name = {self.node(ref).name: dict(v) for ref, v in (host_vars or {}).items()}
+        text = render_inventory(
+            self.nodes, self.extras, self.key, self.inventory.parent / "known_hosts", by_name
+        )
+        if path is None:
+            digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+            path = self.inventory.with_name(f"inventory-{digest}.ini")
+        path.write_text(text)
+        return path
+
     def wait_ssh(self, timeout: float = 60.0) -> None:
         """Wait until every node and extra accepts a real SSH login."""
         deadline = time.monotonic() + timeout
@@ -440,6 +511,10 @@ def network_name(cluster: str) -> str:
     return f"torchherd-{cluster}"
 
 
+def data_network_name(cluster: str) -> str:
+    return f"torchherd-{cluster}-data"
+
+
 def subnet_prefix(subnet_index: int) -> str:
     """First three octets of a cluster's /24: 10.66.(100+index); 10.88/16 is podman's own."""
     if not 0 <= subnet_index <= MAX_SUBNET_INDEX:
@@ -447,18 +522,26 @@ def subnet_prefix(subnet_index: int) -> str:
     return f"10.66.{100 + subnet_index}"
 
 
+def data_subnet_prefix(subnet_index: int) -> str:
+    """First three octets of a cluster's data /24: 10.67.(100+index), next to its management
+    one, so that a node's host number is the same on both."""
+    return subnet_prefix(subnet_index).replace("10.66.", "10.67.", 1)
+
+
 def free_subnet_index(start: int = AUTO_SUBNET_START, *, own: str | None = None) -> int:
-    """The first subnet index from start on that no podman network uses, except the network
-    of cluster `own`, which up() recreates anyway."""
+    """The first subnet index from start on whose management and data subnets no podman
+    network uses, except the networks of cluster `own`, which up() recreates anyway."""
     networks = json.loads(podman("network", "ls", "--format", "json").stdout or "[]")
+    own_networks = {network_name(own), data_network_name(own)} if own else set()
     used = {
         subnet.get("subnet")
         for network in networks
-        if own is None or network.get("name") != network_name(own)
+        if network.get("name") not in own_networks
         for subnet in network.get("subnets") or []
     }
     for index in range(start, MAX_SUBNET_INDEX + 1):
-        if f"{subnet_prefix(index)}.0/24" not in used:
+        wanted = {f"{subnet_prefix(index)}.0/24", f"{data_subnet_prefix(index)}.0/24"}
+        if not wanted & used:
             return index
     raise TestbedError(f"every subnet index from {start} to {MAX_SUBNET_INDEX} is in use")
 
@@ -490,9 +573,11 @@ def ensure_key() -> Path:
 def _blackhole_testbed_range() -> None:
     """Traffic for a test node whose network is gone must die here, never leave the machine.
 
-    When every container of a network is down, podman removes its bridge and 10.66.x would
-    follow the default route out. The /16 blackhole loses to each live bridge's /24."""
-    run(["ip", "route", "replace", "blackhole", "10.66.0.0/16"], check=False)
+    When every container of a network is down, podman removes its bridge and 10.66.x (or a data
+    network's 10.67.x) would follow the default route out. Each /16 blackhole loses to a live
+    bridge's /24."""
+    for testbed_range in TESTBED_RANGES:
+        run(["ip", "route", "replace", "blackhole", testbed_range], check=False)
 
 
 def up(
@@ -502,10 +587,17 @@ def up(
     *,
     extra: Sequence[str] = (),
     timeout: float = 60.0,
+    data_network: bool = False,
+    no_ipv6: Sequence[int] = (),
 ) -> Cluster:
     """Start (or recreate) cluster `name`: n nodes <name>-node<i> at 10.66.(100+idx).(10+i),
     plus extra containers <name>-<extra> at .200, .201, ... outside the node group.
-    subnet_index None picks the first free one from AUTO_SUBNET_START."""
+    subnet_index None picks the first free one from AUTO_SUBNET_START.
+
+    data_network: the nodes (not the extras) also get 10.67.(100+idx).(10+i) on a second,
+    internal network, the inventory's torchherd_address; interface names differ from node to
+    node (MGMT_IFNAMES, DATA_IFNAMES), and the management network carries SSH only (see
+    _configure_data_node). no_ipv6: indexes of nodes started with IPv6 disabled."""
     if not _NAME_RE.match(name):
         raise ValueError(f"cluster name must match {_NAME_RE.pattern}, got {name!r}")
     if not 1 <= n <= FIRST_EXTRA_HOST - FIRST_NODE_HOST:
@@ -513,6 +605,8 @@ def up(
     for short in extra:
         if not _NAME_RE.match(short) or re.fullmatch(r"node\d+", short):
             raise ValueError(f"bad extra container name {short!r}")
+    if not set(no_ipv6) <= set(range(n)):
+        raise ValueError(f"no_ipv6 must hold node indexes in 0..{n - 1}, got {list(no_ipv6)}")
     if subnet_index is not None:
         subnet_prefix(subnet_index)  # validate before the build
     image = build()
@@ -524,18 +618,27 @@ def up(
         if subnet_index is None:
             subnet_index = free_subnet_index(own=name)
         prefix = subnet_prefix(subnet_index)
-        nodes = [Node(f"{name}-node{i}", f"{prefix}.{FIRST_NODE_HOST + i}") for i in range(n)]
+        nodes = [_make_node(name, i, subnet_index, data_network) for i in range(n)]
         extras = [
             Node(f"{name}-{x}", f"{prefix}.{FIRST_EXTRA_HOST + j}") for j, x in enumerate(extra)
         ]
         _remove_containers(name, [node.name for node in (*nodes, *extras)])
         _ensure_network(network_name(name), f"{prefix}.0/24")
+        if data_network:
+            _ensure_data_network(name, f"{data_subnet_prefix(subnet_index)}.0/24")
+        else:  # left by an earlier up() of this name with a data network
+            _remove_data_network(name)
     cluster_dir = state_dir() / name
     cluster_dir.mkdir(parents=True, exist_ok=True)
     known_hosts = write_known_hosts(cluster_dir, [*nodes, *extras])
     for role, members in (("node", nodes), ("extra", extras)):
         for index, node in enumerate(members):
-            _start_container(name, node, role, index, image, key, cluster_dir)
+            without_ipv6 = role == "node" and index in no_ipv6
+            _start_container(name, node, role, index, image, key, cluster_dir, no_ipv6=without_ipv6)
+    data_nodes = [node for node in nodes if node.data_ip is not None]
+    if data_nodes:  # about 0.25 s each, mostly podman exec's start: side by side
+        with ThreadPoolExecutor(len(data_nodes)) as pool:
+            list(pool.map(_configure_data_node, data_nodes))
 
     inventory = cluster_dir / "inventory.ini"
     inventory.write_text(render_inventory(nodes, extras, key, known_hosts))
@@ -545,8 +648,56 @@ def up(
     return cluster
 
 
+def _make_node(cluster: str, index: int, subnet_index: int, data_network: bool) -> Node:
+    host = FIRST_NODE_HOST + index
+    name, ip = f"{cluster}-node{index}", f"{subnet_prefix(subnet_index)}.{host}"
+    if not data_network:
+        return Node(name, ip)
+    return Node(
+        name,
+        ip,
+        data_ip=f"{data_subnet_prefix(subnet_index)}.{host}",
+        mgmt_if=MGMT_IFNAMES[index % len(MGMT_IFNAMES)],
+        data_if=DATA_IFNAMES[index % len(DATA_IFNAMES)],
+    )
+
+
+def _network_args(cluster: str, node: Node) -> list[str]:
+    if node.data_ip is None:
+        mac = mac_for(node.ip)
+        return ["--network", network_name(cluster), "--ip", node.ip, "--mac-address", mac]
+    # podman names the interfaces (interface_name) before the node starts: renaming them inside
+    # needs the link down, which drops the routes, and makes `podman network disconnect` fail.
+    # mac_for differs between the two addresses, so the two MACs differ too.
+    return [
+        "--network", f"{network_name(cluster)}:ip={node.ip},mac={mac_for(node.ip)},"
+                     f"interface_name={node.mgmt_if}",
+        "--network", f"{data_network_name(cluster)}:ip={node.data_ip},mac={mac_for(node.data_ip)},"
+                     f"interface_name={node.data_if}",
+    ]  # fmt: skip
+
+
+def _node_labels(node: Node) -> list[str]:
+    labels = {LABEL_IP: node.ip}
+    if node.data_ip is not None:
+        labels |= {
+            LABEL_DATA_IP: node.data_ip,
+            LABEL_MGMT_IF: node.mgmt_if,
+            LABEL_DATA_IF: node.data_if or "",
+        }
+    return [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}")]
+
+
 def _start_container(
-    cluster: str, node: Node, role: str, index: int, image: str, key: Path, cluster_dir: Path
+    cluster: str,
+    node: Node,
+    role: str,
+    index: int,
+    image: str,
+    key: Path,
+    cluster_dir: Path,
+    *,
+    no_ipv6: bool = False,
 ) -> None:
     # Without its own machine-id every node shares the host's and systemd boots "degraded";
     # derived from the name so that a recreated node keeps its identity.
@@ -556,10 +707,10 @@ def _start_container(
         "run", "--detach",
         "--name", node.name,
         "--hostname", node.name,
-        "--network", network_name(cluster),
-        "--ip", node.ip,
-        "--mac-address", mac_for(node.ip),
+        *_network_args(cluster, node),
         "--cap-add", "NET_ADMIN,NET_RAW",
+        *(["--sysctl", "net.ipv6.conf.all.disable_ipv6=1",
+           "--sysctl", "net.ipv6.conf.default.disable_ipv6=1"] if no_ipv6 else []),
         "--systemd", "always",
         "--volume", f"{machine_id}:/etc/machine-id:ro",
         "--volume", f"{key.with_suffix('.pub')}:/etc/ssh/torchherd_authorized_keys:ro",
@@ -567,10 +718,44 @@ def _start_container(
         "--label", f"{LABEL_CLUSTER}={cluster}",
         "--label", f"{LABEL_ROLE}={role}",
         "--label", f"{LABEL_INDEX}={index}",
-        "--label", f"{LABEL_IP}={node.ip}",
+        *_node_labels(node),
         image,
         "/lib/systemd/systemd",
     )  # fmt: skip
+
+
+# Run inside a data-network node with its data address as $1; the management firewall's
+# ruleset comes on stdin. podman lists the node's own name with both addresses in /etc/hosts,
+# in an order that varies; as the cluster's DNS does for every other node, the name must
+# resolve to the management address alone (a job that binds to its hostname's address then
+# meets the SSH-only management network, as on real clusters). /etc/hosts is a bind mount:
+# rewritten in place, not replaced.
+_CONFIGURE_DATA_NODE = r"""
+set -eu
+hosts=$(awk -v ip="$1" '$1 != ip' /etc/hosts)
+printf '%s\n' "$hosts" > /etc/hosts
+nft -f -
+"""
+
+
+def _configure_data_node(node: Node) -> None:
+    """Make the node's hostname resolve to its management address only and let the management
+    interface accept nothing but SSH: a job must use the data network, as on real clusters.
+
+    Replies to connections the node opens itself (DNS from podman's resolver on the management
+    gateway, above all) stay allowed: dropping them would stall every name lookup for seconds.
+    Runs before SSH is waited for: podman exec needs neither sshd nor a finished boot."""
+    ruleset = f"""table inet {MGMT_FIREWALL_TABLE} {{
+    chain input {{
+        type filter hook input priority filter; policy accept;
+        iifname "{node.mgmt_if}" tcp dport 22 accept
+        iifname "{node.mgmt_if}" ct state established,related accept
+        iifname "{node.mgmt_if}" drop
+    }}
+}}
+"""
+    argv = ["podman", "exec", "-i", node.name, "sh", "-c", _CONFIGURE_DATA_NODE, "sh"]
+    run([*argv, node.data_ip or ""], input=ruleset)
 
 
 def _remove_containers(cluster: str, names: Sequence[str]) -> None:
@@ -582,14 +767,47 @@ def _remove_containers(cluster: str, names: Sequence[str]) -> None:
         podman("rm", "--force", "--ignore", "--time", "0", *targets)
 
 
-def _ensure_network(network: str, subnet: str) -> None:
+def _inspect_network(network: str) -> dict[str, Any] | None:
     inspected = podman("network", "inspect", network, check=False)
-    if inspected.returncode == 0:
-        subnets = [s.get("subnet") for s in json.loads(inspected.stdout)[0].get("subnets") or []]
-        if subnets == [subnet]:
+    return json.loads(inspected.stdout)[0] if inspected.returncode == 0 else None
+
+
+def _network_label(found: Mapping[str, Any], label: str) -> str | None:
+    return (found.get("labels") or {}).get(label)
+
+
+def _ensure_data_network(cluster: str, subnet: str) -> None:
+    """The cluster's data network, as on real clusters: internal (no default route or NAT
+    through it) and without DNS of its own, so that node names resolve to management addresses
+    only (from the management network's DNS)."""
+    network = data_network_name(cluster)
+    found = _inspect_network(network)
+    if found is not None and _network_label(found, LABEL_DATA_NETWORK_OF) != cluster:
+        raise TestbedError(
+            f"network {network} exists but is not the data network of cluster {cluster} "
+            f"(the management network of cluster {cluster}-data?): pick another cluster name"
+        )
+    label = f"{LABEL_DATA_NETWORK_OF}={cluster}"
+    _ensure_network(network, subnet, options=["--internal", "--disable-dns", "--label", label])
+
+
+def _remove_data_network(cluster: str) -> None:
+    """Remove the cluster's data network, if it has one; its containers must be gone."""
+    found = _inspect_network(data_network_name(cluster))
+    if found is not None and _network_label(found, LABEL_DATA_NETWORK_OF) == cluster:
+        podman("network", "rm", data_network_name(cluster))
+
+
+def _ensure_network(network: str, subnet: str, *, options: Sequence[str] = ()) -> None:
+    """Create the network with more `podman network create` options unless it exists with
+    this subnet and the same internal flag (--internal in options or not)."""
+    found = _inspect_network(network)
+    if found is not None:
+        subnets = [s.get("subnet") for s in found.get("subnets") or []]
+        if subnets == [subnet] and bool(found.get("internal")) == ("--internal" in options):
             return
         podman("network", "rm", network)
-    created = podman("network", "create", "--subnet", subnet, network, check=False)
+    created = podman("network", "create", *options, "--subnet", subnet, network, check=False)
     if created.returncode != 0:
         hint = ""
         if "already" in created.stderr:
@@ -623,17 +841,30 @@ def write_known_hosts(cluster_dir: Path, members: Sequence[Node]) -> Path:
     lines = []
     for node in members:
         kind, blob = Path(f"{host_key(cluster_dir, node)}.pub").read_text().split()[:2]
-        lines.append(f"{node.name},{node.ip} {kind} {blob}\n")
+        names = ",".join([node.name, node.ip, *([node.data_ip] if node.data_ip else [])])
+        lines.append(f"{names} {kind} {blob}\n")
     path = cluster_dir / "known_hosts"
     path.write_text("".join(lines))
     return path
 
 
 def render_inventory(
-    nodes: Sequence[Node], extras: Sequence[Node], key: Path, known_hosts: Path
+    nodes: Sequence[Node],
+    extras: Sequence[Node],
+    key: Path,
+    known_hosts: Path,
+    host_vars: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
     """Ansible INI inventory: nodes in order (order gives node_rank), extras in their own group.
-    Host keys are checked against the cluster's known_hosts (Ansible's default)."""
+    Host keys are checked against the cluster's known_hosts (Ansible's default).
+
+    A node with a data address gets torchherd_address=<it>, the address the other nodes reach
+    it at; ansible_host stays the management address (SSH). host_vars, by container name, adds
+    or overrides variables of single hosts."""
+    host_vars = host_vars or {}
+    unknown = set(host_vars) - {member.name for member in (*nodes, *extras)}
+    if unknown:
+        raise ValueError(f"host_vars for hosts not in the inventory: {sorted(unknown)}")
     variables = [
         "ansible_user=root",
         f"ansible_ssh_private_key_file={key}",
@@ -644,13 +875,27 @@ def render_inventory(
     for group, members in ((NODES_GROUP, nodes), (EXTRAS_GROUP, extras)):
         if not members:
             continue
-        lines += [f"[{group}]", *(f"{m.name} ansible_host={m.ip}" for m in members), ""]
+        lines += [f"[{group}]", *(_host_line(m, host_vars.get(m.name, {})) for m in members), ""]
         lines += [f"[{group}:vars]", *variables, ""]
     return "\n".join(lines)
 
 
+def _host_line(member: Node, host_vars: Mapping[str, str]) -> str:
+    variables = {"ansible_host": member.ip}
+    if member.data_ip is not None:
+        variables["torchherd_address"] = member.data_ip
+    variables.update(host_vars)
+    bad = [name for name in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]
+    if bad:
+        raise ValueError(f"bad variable names for {member.name}: {bad}")
+    # Quoted as Ansible's INI parser splits a host line (shlex): a value may hold spaces.
+    pairs = [f"{name}={shlex.quote(str(value))}" for name, value in variables.items()]
+    return " ".join([member.name, *pairs])
+
+
 def status(cluster: str | None = None) -> list[dict[str, str]]:
-    """Testbed containers (of one cluster, or all): cluster, role, index, name, ip, state."""
+    """Testbed containers (of one cluster, or all): cluster, role, index, name, ip, state, and
+    data_ip, mgmt_if, data_if (data_ip and data_if empty without a data network)."""
     label = f"label={LABEL_CLUSTER}" + (f"={cluster}" if cluster else "")
     listed = podman("ps", "--all", "--filter", label, "--format", "json").stdout
     rows = []
@@ -664,6 +909,9 @@ def status(cluster: str | None = None) -> list[dict[str, str]]:
                 "name": container["Names"][0],
                 # From the label: a stopped or killed container has no address in inspect.
                 "ip": labels.get(LABEL_IP, ""),
+                "data_ip": labels.get(LABEL_DATA_IP, ""),
+                "mgmt_if": labels.get(LABEL_MGMT_IF, "eth0"),
+                "data_if": labels.get(LABEL_DATA_IF, ""),
                 "state": container.get("State", ""),
             }
         )
@@ -677,19 +925,30 @@ def attach(name: str) -> Cluster:
         raise TestbedError(f"no cluster {name!r}: no container labelled {LABEL_CLUSTER}={name}")
     return Cluster(
         name=name,
-        nodes=[Node(r["name"], r["ip"]) for r in rows if r["role"] == "node"],
+        nodes=[_node_from_row(r) for r in rows if r["role"] == "node"],
         inventory=state_dir() / name / "inventory.ini",
         key=key_path(),
-        extras=[Node(r["name"], r["ip"]) for r in rows if r["role"] == "extra"],
+        extras=[_node_from_row(r) for r in rows if r["role"] == "extra"],
+    )
+
+
+def _node_from_row(row: Mapping[str, str]) -> Node:
+    return Node(
+        row["name"],
+        row["ip"],
+        data_ip=row.get("data_ip") or None,
+        mgmt_if=row.get("mgmt_if") or "eth0",
+        data_if=row.get("data_if") or None,
     )
 
 
 def down(name: str) -> None:
-    """Remove the cluster's containers, network and state; fine if already gone."""
+    """Remove the cluster's containers, networks and state; fine if already gone."""
     _remove_containers(name, [])
     network = network_name(name)
     if podman("network", "exists", network, check=False).returncode == 0:
         podman("network", "rm", "--force", network)
+    _remove_data_network(name)
     shutil.rmtree(state_dir() / name, ignore_errors=True)
 
 
@@ -716,6 +975,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     up_cmd.add_argument("--extra", action="append", default=[], help="extra container (repeat)")
     up_cmd.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for SSH")
+    up_cmd.add_argument(
+        "--data-network",
+        action="store_true",
+        help="a second network for node-to-node traffic; management carries SSH only",
+    )
+    up_cmd.add_argument(
+        "--no-ipv6", type=int, action="append", default=[], help="node index (repeat)"
+    )
     up_cmd.add_argument("--json", action="store_true")
     down_cmd = commands.add_parser("down", help="remove a cluster")
     down_cmd.add_argument("name")
@@ -729,7 +996,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(build(force=args.force, stream=True))
         elif args.command == "up":
             cluster = up(
-                args.name, args.nodes, args.subnet_index, extra=args.extra, timeout=args.timeout
+                args.name,
+                args.nodes,
+                args.subnet_index,
+                extra=args.extra,
+                timeout=args.timeout,
+                data_network=args.data_network,
+                no_ipv6=args.no_ipv6,
             )
             if args.json:
                 print(json.dumps(asdict(cluster), default=str, indent=2))
@@ -745,7 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for row in rows:
                     print(
                         f"{row['cluster']:<12} {row['role']:<6} {row['name']:<24} "
-                        f"{row['ip']:<16} {row['state']}"
+                        f"{row['ip']:<16} {row['data_ip'] or '-':<16} {row['state']}"
                     )
     except (TestbedError, ValueError) as exc:
         print(f"testbed: error: {exc}", file=sys.stderr)

@@ -143,7 +143,9 @@ def test_the_probe_alone_answers_every_node_and_holds_nothing():
     ])
     assert master[0]["listening"] and master[0]["served"] == 2 and master[1] is None
     assert (master[0]["reachable"], master[0]["error"]) == (True, None)
-    assert node == ({"reachable": True, "error": None, "seconds": node[0]["seconds"]}, None)
+    assert master[0]["back_failed"] == {} and master[0]["back_error"] is None
+    assert node == ({"reachable": True, "error": None, "seconds": node[0]["seconds"],
+                     "address": "127.0.0.1", "back_error": None}, None)
     again, error = bind(port)
     assert error is None
     again.close()
@@ -170,7 +172,7 @@ def test_the_barrier_calls_the_start_off_everywhere_when_a_node_is_missing():
     assert (master["go"], master["served"], master["reachable"]) == (False, 2, True)
     assert (node["go"], node["reachable"]) == (False, True)
     assert node["error"] == (f"the start was called off: not every node reached "
-                             f"127.0.0.1:{port} within 1 s")
+                             f"127.0.0.1:{port} (and was reached back) within 1 s")
 
 
 def test_a_barrier_of_another_run_does_not_pass():
@@ -237,3 +239,30 @@ def test_a_source_address_not_of_this_node_is_named():
     reachable, error, _sock = connect("127.0.0.1", free_port(), TOKEN, 1, 1,
                                       source="192.0.2.254")
     assert not reachable and "192.0.2.254 is not an address of this node" in error
+
+
+def test_a_node_the_master_cannot_reach_back_stops_the_start(monkeypatch):
+    """The job's peers connect to every node: a node whose firewall drops that is found here,
+    not as a hang at init. Here the master's connection back to one node fails."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils import _probe
+
+    real = _probe.connect_back
+    blocked = "127.0.0.3"
+
+    def connect_back(address, port, token, timeout):
+        if address == blocked:
+            return "timed out after 2 s (dropped: a firewall on the node?)"
+        return real(address, port, token, timeout)
+
+    monkeypatch.setattr(_probe, "connect_back", connect_back)
+    port = free_port()
+    results = all_at_once([
+        lambda: barrier("127.0.0.1", port, "r1", 2, 5, listen=True, expect=3),
+        lambda: barrier("127.0.0.1", port, "r1", 2, 5, source="127.0.0.2"),
+        lambda: barrier("127.0.0.1", port, "r1", 2, 5, source=blocked),
+    ])
+    assert [result["go"] for result in results] == [False, False, False]
+    assert results[0]["back_failed"] == {blocked: "timed out after 2 s (dropped: a firewall "
+                                                  "on the node?)"}
+    assert results[1]["back_error"] is None and "called off" in results[1]["error"]
+    assert "could not open a connection to this node at 127.0.0.3" in results[2]["back_error"]

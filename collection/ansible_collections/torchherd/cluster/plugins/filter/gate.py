@@ -230,9 +230,26 @@ def gate(hosts, hostvars, plan, match=None):
         # The probe alone (verify), or the start barrier's own probe (launch).
         probe = (hostvars.get(host, {}).get("torchherd_probe")
                  or (hostvars.get(host, {}).get("torchherd_start") or {}).get("probe") or {})
+        iface = (facts[host].get("interface") or {})
+        master_probe = (hostvars.get(master, {}).get("torchherd_probe")
+                        or (hostvars.get(master, {}).get("torchherd_start") or {}).get("probe")
+                        or {})
+        if probe.get("reachable") and probe.get("back_error"):
+            address = probe.get("address") or "?"
+            seen = (master_probe.get("back_failed") or {}).get(address)
+            on = f" (its interface {iface['name']})" if iface.get("name") else ""
+            problems.append(_problem(
+                f"{master} -> {host}", "reachable from the master",
+                f"a TCP connection from {master} to {host} at {address}{on}, as the job's "
+                f"peers open them (gloo and NCCL listen on every node)",
+                f"{seen} ({probe['back_error']})" if seen else probe["back_error"],
+                f"let the job's other nodes into {host} on any TCP port (the firewall role does "
+                f"it for the run where it may, firewall: true; mode ports needs the ports gloo "
+                f"and NCCL are pinned to), or name an interface of {host} that the others reach "
+                f"(torchherd_socket_ifname)"))
+            continue
         if probe.get("skipped") or not probe or probe.get("reachable"):
             continue
-        iface = (facts[host].get("interface") or {})
         via = f" from its interface {iface['name']} ({iface['address']})" \
             if iface.get("name") and iface.get("address") else ""
         problems.append(_problem(
@@ -264,6 +281,29 @@ def gate(hosts, hostvars, plan, match=None):
                 f"the master's torchherd_address to an address every node reaches"))
         elif iface.get("name"):
             interfaces[host] = {k: iface.get(k) for k in ("name", "address", "how")}
+
+    # Where the user could not change a node's firewall (no root, no sudo) and a path did not
+    # open, the rules that node lacks, for whoever may add them.
+    blocked = any(p["check"] in ("master reachable", "reachable from the master")
+                  for p in problems)
+    for host in hosts if blocked else ():
+        firewall = hostvars.get(host, {}).get("torchherd_firewall") or {}
+        if not (isinstance(firewall, dict) and firewall.get("no_privilege")):
+            continue
+        node = next((n for n in plan.get("nodes") or [] if n.get("host") == host), {})
+        rules = node.get("firewall") or {}
+        peers = " ".join(rules.get("peers") or []) or "-"
+        ports = "any TCP port" if rules.get("mode") != "ports" else \
+            "TCP ports " + ", ".join(rules.get("ports") or [])
+        dport = "" if rules.get("mode") != "ports" else \
+            " tcp dport { " + ", ".join(rules.get("ports") or []) + " }"
+        problems.append(_problem(
+            host, "firewall (no root)",
+            f"the job's rules opened there: {ports} from {peers}",
+            f"the user may not change the firewall ({firewall.get('msg') or 'no root'})",
+            f"ask an administrator to let the job's nodes in (e.g. nft insert rule inet filter "
+            f"input ip saddr {{ {peers.replace(' ', ', ')} }}{dport} accept), give the user "
+            f"passwordless sudo there (become), or launch as a user who may"))
 
     if master in facts and facts[master].get("port_free") is False:
         problems.append(_problem(master, "master port",

@@ -3,7 +3,13 @@
 """The master-port probe: a listener on the master that answers a token, and the nodes that
 connect to it. Used alone (tcp_probe, probe()) and as the start barrier of torchrun_job
 (barrier()), where the listener also tells every node when all have come, so that no node
-starts unless all can."""
+starts unless all can.
+
+Both ways: after the token, every node names a port it listens on at the address it connected
+from (its job interface's), and the master connects back to it there. The job's peers do the
+same (gloo and NCCL listen on every node, at the interface's address, on ports the kernel
+picks), so a node whose firewall drops them, or whose address has no way back, is found here
+and not as a hang at init."""
 
 from __future__ import annotations
 
@@ -47,12 +53,18 @@ class Listener(threading.Thread):
     """Answers up to `expect` connections with the token, for at most `seconds`. With `hold`,
     keeps them open for release()."""
 
-    def __init__(self, sock, token, expect, seconds, hold=False):
+    def __init__(self, sock, token, expect, seconds, hold=False, timeout=3.0):
         super().__init__(daemon=True)
         self.sock, self.token, self.expect, self.hold = sock, token.encode() + b"\n", expect, hold
         self.deadline = time.monotonic() + seconds
+        self.timeout = timeout
         self.served = 0
         self.held = []
+        # Address a node connected from -> why the master could not connect back (None: it
+        # could); filled by one thread per node, so that a slow node delays nobody.
+        self.back = {}
+        self._checks = []
+        self._lock = threading.Lock()
 
     def run(self):
         try:
@@ -60,7 +72,7 @@ class Listener(threading.Thread):
                 self.sock.settimeout(max(0.05, self.deadline - time.monotonic()))
                 # socket.timeout, not TimeoutError: the two are one only from Python 3.10 on.
                 try:
-                    conn = self.sock.accept()[0]
+                    conn, peer = self.sock.accept()
                 except socket.timeout:
                     break
                 try:
@@ -68,13 +80,39 @@ class Listener(threading.Thread):
                 except OSError:
                     conn.close()
                     continue
-                if self.hold:
-                    self.held.append(conn)
-                else:
-                    conn.close()
+                # The dual-stack socket shows IPv4 peers as ::ffff:a.b.c.d.
+                address = peer[0][7:] if peer[0].startswith("::ffff:") and "." in peer[0] \
+                    else peer[0]
+                check = threading.Thread(target=self._check_back, args=(conn, address),
+                                         daemon=True)
+                check.start()
+                self._checks.append(check)
                 self.served += 1
         finally:
             self.sock.close()
+            for check in self._checks:
+                check.join()
+
+    def _check_back(self, conn, address):
+        """Read the node's "back PORT" and connect to it there, as the job's peers will."""
+        try:
+            words = _read_line(conn, self.timeout).split()
+        except OSError:
+            words = []
+        if len(words) == 2 and words[0] == BACK and words[1].isdigit():
+            error = connect_back(address, int(words[1]), self.token, self.timeout)
+        else:
+            error = None  # a probe that offers no way back (nothing to check)
+        with self._lock:
+            self.back[address] = error
+            if self.hold:
+                self.held.append(conn)
+                return
+        conn.close()
+
+    def back_failed(self):
+        """Address -> error of every node the master could not connect back to."""
+        return {address: error for address, error in self.back.items() if error}
 
     def release(self, word):
         """Tell every held connection `word`; the nodes close first, so that no TIME_WAIT
@@ -92,6 +130,91 @@ class Listener(threading.Thread):
                 pass
             conn.close()
         self.held = []
+
+
+BACK = "back"
+
+
+def _read_line(conn, timeout):
+    """One line from a socket without buffering past it (the master's word comes later)."""
+    conn.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 256:
+        chunk = conn.recv(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def connect_back(address, port, token, timeout):
+    """The master's connection to a node's back port: None, or why it failed."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as sock:
+            answer = _read_line(sock, timeout)
+    except socket.timeout:
+        return f"timed out after {timeout:g} s (dropped: a firewall on the node?)"
+    except ConnectionRefusedError:
+        return "connection refused (rejected: a firewall on the node?)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None if answer.encode() + b"\n" == token else f"something else answered: {answer!r}"
+
+
+class _BackPort(threading.Thread):
+    """A node's port for the master's connection back, at the address it connected from."""
+
+    def __init__(self, address, token, seconds):
+        super().__init__(daemon=True)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.sock.bind((address, 0))
+            self.sock.listen(1)
+        except OSError:
+            self.sock.close()
+            raise
+        self.port = self.sock.getsockname()[1]
+        self.token, self.seconds = token.encode() + b"\n", seconds
+        self.reached = threading.Event()
+
+    def run(self):
+        try:
+            self.sock.settimeout(self.seconds)
+            conn = self.sock.accept()[0]
+            try:
+                conn.sendall(self.token)
+            finally:
+                conn.close()
+            self.reached.set()
+        except OSError:
+            pass
+        finally:
+            self.sock.close()
+
+
+def _offer_back(sock, token, seconds):
+    """Listen at the connection's local address and tell the master the port; None where
+    the node cannot listen there (then the master checks nothing back)."""
+    try:
+        back = _BackPort(sock.getsockname()[0], token, seconds)
+    except OSError:
+        return None
+    back.start()
+    try:
+        sock.sendall(f"{BACK} {back.port}\n".encode())
+    except OSError:
+        return None
+    return back
+
+
+def back_error(back, address, seconds):
+    """Why the master did not reach this node back, or None."""
+    if back is None or back.reached.wait(seconds):
+        return None
+    return (f"the master could not open a connection to this node at {address} (as the job's "
+            f"peers must: gloo and NCCL listen on every node, on ports the kernel picks): a "
+            f"firewall on this node dropping them, or no way back to {address}")
 
 
 class _Lines:
@@ -174,47 +297,66 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     """One node's part of the probe, run on every node at once: the master (`listen`) answers up
     to `expect` nodes for `window` seconds while every node, the master too, connects to
     host:port, retries a refused connection for `window` seconds and waits `timeout` seconds
-    for the handshake and the token, from the local address `source` where given.
+    for the handshake and the token, from the local address `source` where given. Then the
+    master connects back to every node at the address it came from (see the module's doc).
 
     Returns (result, held). result: reachable, error, seconds (to connect and read the token),
-    and on the master listening and served. With `hold`, held is what the barrier decides on:
-    the master's Listener keeping the nodes' connections (for release()), or a node's kept
-    connection (for wait_word()); else None."""
+    address (the local address the node connected from), back_error (why the master could not
+    connect back to it, or None), and on the master listening, served and back_failed (address
+    -> error). With `hold`, held is what the barrier decides on: the master's Listener keeping
+    the nodes' connections (for release()), or a node's (kept connection, back port) for
+    wait_word(); else None."""
     started = time.monotonic()
-    result = {}
+    result = {"back_error": None}
     listener = None
     if listen:
         sock, error = bind(port)
         result["listening"] = sock is not None
         if sock is None:
             return dict(result, reachable=False, error=error, seconds=0.0, served=0), None
-        listener = Listener(sock, token, expect, window, hold=hold)
+        listener = Listener(sock, token, expect, window, hold=hold, timeout=timeout)
         listener.start()
-    reachable, error, kept = connect(host, port, token, timeout, window,
-                                     keep=hold and listener is None, source=source)
+    reachable, error, kept = connect(host, port, token, timeout, window, keep=True,
+                                     source=source)
     result.update(reachable=reachable, error=error, seconds=round(time.monotonic() - started, 3))
-    if listener is None:
-        return result, kept
-    # The other nodes are still connecting: answer them until all came or time is up.
-    listener.join()
-    result["served"] = listener.served
+    back = None
+    if reachable:
+        result["address"] = kept.sock.getsockname()[0]
+        back = _offer_back(kept.sock, token, window + 2 * timeout + 5)
+    if listener is None and hold:
+        return result, (kept, back)
+    if kept is not None:
+        kept.close()
+    if listener is not None:
+        # The other nodes are still connecting: answer them until all came or time is up.
+        listener.join()
+        result.update(served=listener.served, back_failed=listener.back_failed())
+    if reachable:
+        result["back_error"] = back_error(back, result["address"], timeout + 1)
     return result, listener if hold else None
 
 
 def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=None):
-    """The probe as a start barrier: every node reaches the master port, or none starts.
+    """The probe as a start barrier: every node reaches the master port and the master reaches
+    every node back, or none starts.
 
     The probe's result plus `go`: the master tells each node to go only once all `expect`
-    nodes have come, and to abort otherwise."""
+    nodes have come and it reached each of them back, and to abort otherwise."""
     result, held = probe(host, port, run_token(run_id), timeout, window, listen, expect,
                          hold=True, source=source)
     if listen:
-        go = result["reachable"] and result["served"] >= expect
+        go = (result["reachable"] and result["served"] >= expect and not result["back_failed"]
+              and not result["back_error"])
         if held is not None:
             held.release(GO if go else ABORT)
         return dict(result, go=go)
-    go = result["reachable"] and wait_word(held, window + timeout + 5) == GO
-    if result["reachable"] and not go:
+    if not result["reachable"]:
+        return dict(result, go=False)
+    kept, back = held
+    go = wait_word(kept, window + 2 * timeout + 5) == GO
+    # The master decided after its connections back: by now this node's was made or not.
+    result["back_error"] = back_error(back, result["address"], 0.5)
+    if not go and not result["back_error"]:
         result["error"] = (f"the start was called off: not every node reached {host}:{port} "
-                           f"within {window:g} s")
+                           f"(and was reached back) within {window:g} s")
     return dict(result, go=go)

@@ -1,0 +1,168 @@
+"""Clusters as real ones are: a management network that carries SSH only and a data network for
+the job, with interface names that differ between nodes; nodes with other process counts and
+Python paths; a user without root. Real SSH, real gloo traffic, real nftables."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from driver import launch
+from driver.api import Exit
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+OK_LINE = re.compile(r"torchherd-allreduce ok host=\S+ node_rank=(\d+) local_rank=(\d+) "
+                     r"rank=(\d+) sum=(\S+) expected=(\S+)")
+
+
+def job(run_id, **extra):
+    return {"script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 1,
+            "run_id": run_id, **extra}
+
+
+def ranks(runs, run_id, cluster):
+    """(node_rank, local_rank, rank, sum, expected) of every rank that printed its ok line."""
+    found = []
+    for node in cluster.nodes:
+        log = (runs / run_id / "nodes" / node.name / "node.log").read_text()
+        found += [tuple(m.groups()) for m in OK_LINE.finditer(log)]
+    return sorted(found, key=lambda f: int(f[2]))
+
+
+def no_job_left(cluster):
+    for node in cluster.nodes:
+        assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == [], node.name
+
+
+@pytest.fixture(scope="module")
+def uneven(node_image):
+    """Three nodes on two networks; node2 without IPv6."""
+    from tests.cluster import testbed
+
+    with testbed.reserve("uneven"):
+        cluster = testbed.up("uneven", 3, data_network=True, no_ipv6=[2])
+        yield cluster
+        testbed.down(cluster.name)
+
+
+def test_interfaces_are_chosen_per_node_and_proved(uneven, tmp_path):
+    """Every node's data interface has another name; the management network drops all but
+    SSH, so a job on the wrong interface could not run."""
+    result = launch(job("if-auto", nproc_per_node=2), uneven.inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    found = ranks(tmp_path, "if-auto", uneven)
+    assert [int(f[2]) for f in found] == list(range(6)) and {f[3] for f in found} == {"15"}
+    summary = json.loads((tmp_path / "if-auto" / "summary.json").read_text())
+    preflight = json.loads((tmp_path / "if-auto" / "preflight.json").read_text())
+    for node in uneven.nodes:
+        chosen = summary["hosts"][node.name]["interface"]
+        assert chosen["name"] == node.data_if and chosen["address"] == node.data_ip, chosen
+        assert preflight["gate"]["interfaces"][node.name]["name"] == node.data_if
+        env = json.loads((tmp_path / "if-auto" / "nodes" / node.name / "env.json").read_text())
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == node.data_if
+    assert summary["hosts"][uneven.nodes[0].name]["interface"]["how"] == "local"
+    assert summary["hosts"][uneven.nodes[1].name]["interface"]["how"] == "route"
+    assert len({n.data_if for n in uneven.nodes}) == 3
+    no_job_left(uneven)
+
+
+def test_the_management_interface_forced_fails_before_any_start(uneven, tmp_path):
+    names = {node.name: {"torchherd_socket_ifname": node.mgmt_if} for node in uneven.nodes}
+    inventory = uneven.write_inventory(host_vars=names)
+    result = launch(job("if-mgmt", probe_window=4, probe_timeout=2), inventory,
+                    runs_dir=tmp_path)
+    assert not result.ok and result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+    master = uneven.nodes[0].name
+    for node in uneven.nodes[1:]:
+        # The path that is blocked, named: here the master's connections to the node's
+        # management address (new connections there are dropped; SSH only).
+        named = [p for p in result.problems if node.name in p["host"]
+                 and p["check"] in ("master reachable", "reachable from the master")]
+        assert named, result.problems
+        assert named[0]["host"] in (f"{node.name} -> {master}", f"{master} -> {node.name}")
+        assert node.ip in named[0]["expected"] and node.mgmt_if in named[0]["expected"]
+    for node in uneven.nodes:
+        # No launcher ever ran: the barrier called the start off on every node.
+        started = uneven.exec(node, ["test", "-e", "/root/.torchherd/runs/if-mgmt/pid"],
+                              check=False)
+        assert started.returncode != 0, f"{node.name} started the job"
+    no_job_left(uneven)
+
+
+def test_a_named_interface_missing_on_a_node_is_refused(uneven, tmp_path):
+    inventory = uneven.write_inventory(
+        host_vars={uneven.nodes[1].name: {"torchherd_socket_ifname": "ib7"}})
+    result = launch(job("if-missing"), inventory, runs_dir=tmp_path)
+    assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+    problem = next(p for p in result.problems if p["check"] == "interface")
+    assert problem["host"] == uneven.nodes[1].name
+    assert "no interface ib7" in problem["found"] and uneven.nodes[1].data_if in problem["found"]
+
+
+def test_nodes_with_one_two_and_three_processes(uneven, tmp_path):
+    counts = {node.name: {"torchherd_nproc_per_node": str(i + 1)}
+              for i, node in enumerate(uneven.nodes)}
+    inventory = uneven.write_inventory(host_vars=counts)
+    result = launch(job("mixed-procs"), inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    found = ranks(tmp_path, "mixed-procs", uneven)
+    # Global ranks follow node order: node0 has rank 0, node1 ranks 1-2, node2 ranks 3-5.
+    assert [(int(f[0]), int(f[1]), int(f[2])) for f in found] == [
+        (0, 0, 0), (1, 0, 1), (1, 1, 2), (2, 0, 3), (2, 1, 4), (2, 2, 5)]
+    assert {(f[3], f[4]) for f in found} == {("15", "15")}
+    summary = json.loads((tmp_path / "mixed-procs" / "summary.json").read_text())
+    assert summary["world_size"] == 6
+    assert [summary["hosts"][n.name]["nproc_per_node"] for n in uneven.nodes] == [1, 2, 3]
+
+
+# Writes a stand-in torch 2.12.0 into the venv running it: what the probe reads of a torch.
+FAKE_TORCH = """
+import os, site
+top = os.path.join(site.getsitepackages()[0], "torch")
+files = {
+    "__init__.py": "__version__ = '2.12.0+cpu'\\nfrom . import version, cuda, distributed\\n",
+    "version.py": "cuda = None\\n",
+    "cuda/__init__.py": "def is_available():\\n    return False\\n",
+    "distributed/__init__.py": "def is_available():\\n    return True\\n"
+                               "def is_nccl_available():\\n    return False\\n"
+                               "def is_gloo_available():\\n    return True\\n",
+}
+for name, text in files.items():
+    os.makedirs(os.path.dirname(os.path.join(top, name)), exist_ok=True)
+    with open(os.path.join(top, name), "w") as out:
+        out.write(text)
+"""
+
+
+def _python_at(cluster, node, path):
+    """A job Python at another path: a venv on the node that sees the system's torch."""
+    cluster.exec(node, ["python3", "-m", "venv", "--system-site-packages", "--without-pip", path])
+    return f"{path}/bin/python"
+
+
+def test_a_node_with_its_python_elsewhere_and_one_with_another_torch(uneven, tmp_path):
+    other = _python_at(uneven, 1, "/opt/elsewhere")
+    inventory = uneven.write_inventory(
+        host_vars={uneven.nodes[1].name: {"torchherd_python": other}})
+    result = launch(job("py-path"), inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    cmd = json.loads((tmp_path / "py-path" / "nodes" / uneven.nodes[1].name / "cmd.json")
+                     .read_text())
+    assert cmd[0] == other
+    # Another torch on node2: a package of that name first on the job Python's path.
+    fake = _python_at(uneven, 2, "/opt/oldtorch")
+    uneven.exec(2, [fake, "-c", FAKE_TORCH])
+    inventory = uneven.write_inventory(
+        host_vars={uneven.nodes[1].name: {"torchherd_python": other},
+                   uneven.nodes[2].name: {"torchherd_python": fake}})
+    result = launch(job("py-torch"), inventory, runs_dir=tmp_path)
+    assert result.exit_code == Exit.PREFLIGHT_FAILED
+    checks = {(p["host"], p["check"]) for p in result.problems}
+    assert (uneven.nodes[2].name, "same torch.version") in checks, result.problems
+    assert not any(c == "same python.minor" for _h, c in checks)
+    no_job_left(uneven)
