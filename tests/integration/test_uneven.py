@@ -166,3 +166,55 @@ def test_a_node_with_its_python_elsewhere_and_one_with_another_torch(uneven, tmp
     assert (uneven.nodes[2].name, "same torch.version") in checks, result.problems
     assert not any(c == "same python.minor" for _h, c in checks)
     no_job_left(uneven)
+
+
+DENY = """table inet testdeny {
+  chain input {
+    type filter hook input priority 0; policy drop;
+    iifname "lo" accept
+    ct state established,related accept
+    tcp dport 22 accept
+  }
+}
+"""
+
+
+@pytest.fixture
+def trainer(uneven):
+    """An inventory that logs in as a user without root or sudo on every node."""
+    for node in uneven.nodes:
+        uneven.exec(node, ["sh", "-c", "id trainer >/dev/null 2>&1 || useradd -m trainer"])
+    return uneven.write_inventory(
+        host_vars={node.name: {"ansible_user": "trainer"} for node in uneven.nodes})
+
+
+def test_a_user_without_root_launches_where_no_firewall_needs_opening(uneven, trainer,
+                                                                        tmp_path):
+    result = launch(job("nonroot"), trainer, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    assert {f[3] for f in ranks(tmp_path, "nonroot", uneven)} == {"3"}
+    preflight = json.loads((tmp_path / "nonroot" / "preflight.json").read_text())
+    assert 0 not in {facts["euid"] for facts in preflight["facts"].values()}
+    no_job_left(uneven)
+
+
+def test_a_user_without_root_is_told_what_a_default_deny_node_lacks(uneven, trainer,
+                                                                      tmp_path):
+    denied = uneven.nodes[1]
+    uneven.exec(denied, ["sh", "-c", f"printf '%s' '{DENY}' | nft -f -"])
+    try:
+        result = launch(job("nonroot-deny", probe_window=4, probe_timeout=2), trainer,
+                        runs_dir=tmp_path)
+    finally:
+        uneven.exec(denied, ["nft", "delete", "table", "inet", "testdeny"], check=False)
+    assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+    checks = {(p["host"], p["check"]): p for p in result.problems}
+    master = uneven.nodes[0].name
+    assert (f"{master} -> {denied.name}", "reachable from the master") in checks, \
+        result.problems
+    lacks = checks[(denied.name, "firewall (no root)")]
+    assert denied.data_ip not in lacks["expected"]  # its peers' addresses, not its own
+    for peer in (uneven.nodes[0], uneven.nodes[2]):
+        assert peer.data_ip in lacks["expected"], lacks
+    assert "administrator" in lacks["fix"]
+    no_job_left(uneven)
