@@ -192,17 +192,26 @@ class _BackPort(threading.Thread):
         finally:
             self.sock.close()
 
+    def close(self):
+        """Stop listening (the accept above ends): no port of the probe outlives it."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
 
 def _offer_back(sock, token, seconds):
     """Listen at the connection's local address and tell the master the port; None where
-    the node cannot listen there (then the master checks nothing back)."""
+    the node cannot listen there (it says so, and the master checks nothing back)."""
     try:
         back = _BackPort(sock.getsockname()[0], token, seconds)
     except OSError:
-        return None
-    back.start()
+        back = None
+    else:
+        back.start()
     try:
-        sock.sendall(f"{BACK} {back.port}\n".encode())
+        sock.sendall(f"{BACK} {back.port if back else '-'}\n".encode())
     except OSError:
         return None
     return back
@@ -210,7 +219,12 @@ def _offer_back(sock, token, seconds):
 
 def back_error(back, address, seconds):
     """Why the master did not reach this node back, or None."""
-    if back is None or back.reached.wait(seconds):
+    if back is None:
+        return None
+    reached = back.reached.wait(seconds)
+    back.close()
+    back.join(1)
+    if reached:
         return None
     return (f"the master could not open a connection to this node at {address} (as the job's "
             f"peers must: gloo and NCCL listen on every node, on ports the kernel picks): a "
