@@ -35,7 +35,7 @@ options:
     description: Fact keys that must be equal on every node.
     type: list
     elements: str
-      - C(python.minor) is the major and minor version of the job's Python (3.11): a patch
+      - C(python.minor) is the major and minor version of the job's Python (3.11); a patch
         release (3.11.2 against 3.11.9) does not break a job, another minor version does
         (pickled objects, compiled extensions).
     default: [python.minor, torch.version, torch.cuda, torch.nccl]
@@ -87,8 +87,8 @@ DEFAULT_MATCH = ["python.minor", "torch.version", "torch.cuda", "torch.nccl"]
 MIN_FREE_BYTES = 1 << 30
 
 FIXES = {
-    "python.minor": "use the same Python minor version everywhere: one venv built the same way on every "
-                      "node, named by torchherd_job.python",
+    "python.minor": "use the same Python minor version everywhere: one venv built the same "
+                    "way on every node, named by torchherd_job.python (or torchherd_python)",
     "torch.version": "install the same torch on every node (pip install torch==<version> in the "
                      "job's venv), or point torchherd_job.python at the venv that has it",
     "torch.cuda": "install the torch build for the same CUDA version on every node",

@@ -89,7 +89,9 @@ _value:
           type: str
           sample: ~/.torchherd
         code_dir:
-          description: Where the code goes on the node, the node's C(torchherd_code_dest), else the job's C(code_dest), else C(<root>/code/<name>); may start with C(~).
+          description:
+            - Where the code goes on the node, the node's C(torchherd_code_dest), else the job's
+              C(code_dest), else C(<root>/code/<name>); may start with C(~).
           type: str
           sample: ~/.torchherd/code/train
         python:

@@ -149,7 +149,7 @@ interface:
       NCCL_SOCKET_IFNAME, and its own address (the one the start's barrier connects from);
       null without O(master_addr).
     - C(how) says how it was chosen - C(explicit) (O(interface)), C(local) (the interface
-      holding O(master_addr): this node is the master), C(route) (the one the kernel's route to
+      holding O(master_addr), so this node is the master), C(route) (the one the kernel's route to
       O(master_addr) leaves on) - and C(master) is the address O(master_addr) resolved to.
     - C(error) says why none could be chosen (no such interface, no address of the master's
       family on it, no route), with the node's interfaces or routes; null otherwise.

@@ -56,7 +56,7 @@ options:
   source:
     description:
       - The local address to connect from, the one of the interface the job's traffic uses
-        (RV(torchherd.cluster.node_facts#module:interface)): the answer must then come back to
+        (RV(torchherd.cluster.node_facts#module:interface)); the answer must then come back to
         it, as the job's peers' traffic must. Empty lets the kernel pick.
     type: str
     default: ""

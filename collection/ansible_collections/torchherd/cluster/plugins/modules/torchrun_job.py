@@ -215,7 +215,7 @@ options:
       source:
         description:
           - The local address this node connects from, the one of the interface the job's
-            traffic uses (RV(torchherd.cluster.node_facts#module:interface)): the master's answer
+            traffic uses (RV(torchherd.cluster.node_facts#module:interface)); the master's answer
             must come back to it, as the job's peers must. Empty lets the kernel pick.
         type: str
         default: ""
