@@ -46,9 +46,16 @@ DEBIAN_SUITE = "bookworm"
 # The node's /usr/bin/python3 (bookworm: 3.11) decides which wheels fit, not the host's python.
 NODE_PYTHON_VERSION = "3.11"
 NODE_GLIBC_MINOR = 36
-# accelerate: the nodes can run launcher accelerate (DeepSpeed is left out: on CPU its first run
-# compiles a C++ extension with g++, ~40 s per node).
-WHEEL_REQUIREMENTS = ("torch==2.13.0", "numpy", "accelerate==1.15.0")
+# accelerate and DeepSpeed: the nodes can run every launcher. DeepSpeed comes as source only:
+# its wheel is built on the host (SOURCE_WHEELS) against the host's torch, its dependencies are
+# downloaded as wheels. (On CPU its first init compiles a C++ extension; the image does that once
+# at build time, see the Containerfile.)
+WHEEL_REQUIREMENTS = (
+    "torch==2.13.0", "numpy", "accelerate==1.15.0",
+    "hjson", "ninja", "py-cpuinfo", "pydantic", "msgpack", "einops", "psutil", "tqdm",
+    "packaging",
+)
+SOURCE_WHEELS = ("deepspeed==0.19.8",)
 
 NODES_GROUP = "torchherd_nodes"
 EXTRAS_GROUP = "outsiders"
@@ -225,7 +232,7 @@ def ensure_wheelhouse() -> Path:
     """Download torch and numpy wheels for the nodes' python into the state dir, once."""
     wheelhouse = state_dir() / "wheelhouse"
     marker = wheelhouse / ".complete"
-    wanted = "\n".join(WHEEL_REQUIREMENTS)
+    wanted = "\n".join((*WHEEL_REQUIREMENTS, *SOURCE_WHEELS))
     if marker.is_file() and marker.read_text() == wanted:
         return wheelhouse
     partial = state_dir() / "wheelhouse.partial"
@@ -245,6 +252,10 @@ def ensure_wheelhouse() -> Path:
     _check_torch_wheel(partial)
     run([*pip, *WHEEL_REQUIREMENTS])
     _check_torch_wheel(partial)
+    # Pure Python once built; without build isolation, so that its setup finds the host's torch
+    # instead of installing one of its own.
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(partial), *SOURCE_WHEELS])
     shutil.rmtree(wheelhouse, ignore_errors=True)
     partial.rename(wheelhouse)
     marker.write_text(wanted)

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from driver import launch, verify
+from driver import launch, status, stop, verify
 from driver.api import Exit
 
 pytestmark = pytest.mark.cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-JOB_PROCS = r"torch\.distributed\.run|accelerate\.commands\.launch|accelerate_gather\.py"
+JOB_PROCS = (r"torch\.distributed\.run|accelerate\.commands\.launch|accelerate_gather\.py|"
+             r"deepspeed\.launcher\.launch|deepspeed_step\.py")
 LINE = re.compile(r"torchherd-accelerate (\w+) host=(\S+) process_index=(\d+) "
                   r"local_process_index=(\d+) num_processes=(\d+) node_rank=(\S+) "
                   r"distributed_type=(\S+) mixed_precision=(\S+) "
@@ -80,20 +81,27 @@ def test_a_failing_process_under_accelerate_stops_every_node_fast(cluster3, tmp_
     result = launch(job("acc-fail", "--fail-rank", "3"), cluster3.inventory, runs_dir=tmp_path)
     returned = time.time()
     assert result.exit_code == Exit.JOB_FAILED, result.reason
-    summary = json.loads((tmp_path / "acc-fail" / "summary.json").read_text())
-    failed = summary["hosts"][cluster3.nodes[1].name]
-    assert failed["state"] == "failed" and failed["failing_rank"] == 3, failed
-    assert failed["exception"] == "RuntimeError: injected failure on process 3"
-    assert cluster3.nodes[1].name in summary["reason"] and "rank 3" in summary["reason"]
-    log = (tmp_path / "acc-fail" / "nodes" / cluster3.nodes[1].name / "node.log").read_text()
-    failed_at = float(re.search(r"torchherd-fail rank=3 t=([\d.]+)", log).group(1))
-    for node in cluster3.nodes:
+    assert_failed_fast(tmp_path / "acc-fail", cluster3, 3, "injected failure on process 3",
+                       returned, "accelerate")
+
+
+def assert_failed_fast(run_dir, cluster, rank, exception, returned, label):
+    """Rank `rank` (on node 1 with 2 processes per node) raised: summary.json names node, rank
+    and exception, every node stopped within 10 s of it, and nothing is left."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    failed = summary["hosts"][cluster.nodes[1].name]
+    assert failed["state"] == "failed" and failed["failing_rank"] == rank, failed
+    assert failed["exception"] == f"RuntimeError: {exception}"
+    assert cluster.nodes[1].name in summary["reason"] and f"rank {rank}" in summary["reason"]
+    log = (run_dir / "nodes" / cluster.nodes[1].name / "node.log").read_text()
+    failed_at = float(re.search(rf"torchherd-fail rank={rank} t=([\d.]+)", log).group(1))
+    for node in cluster.nodes:
         ended = summary["hosts"][node.name]["ended_at"]
         assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
     assert returned - failed_at < 15
-    assert_nothing_left(cluster3)
+    assert_nothing_left(cluster)
     last_end = max(h["ended_at"] for h in summary["hosts"].values())
-    print(f"accelerate: failure -> all stopped {last_end - failed_at:.1f} s, "
+    print(f"{label}: failure -> all stopped {last_end - failed_at:.1f} s, "
           f"failure -> launch returned {returned - failed_at:.1f} s")
 
 
@@ -110,3 +118,65 @@ def test_preflight_refuses_a_node_without_accelerate(cluster3, tmp_path):
     assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
     assert [(p["host"], p["check"]) for p in result.problems] == [(node.name, "accelerate")]
     assert result.problems[0]["found"] == "not installed"
+
+
+DS_LINE = re.compile(r"torchherd-deepspeed (\w+) host=(\S+) node_rank=\S+ local_rank=(\d+) "
+                     r"rank=(\d+) world_size=(\d+) micro_batch=(\d+) "
+                     r"gradient_accumulation_steps=(\d+) sum=(\S+) expected=(\S+)")
+
+
+def ds_job(run_id, *args, **extra):
+    return {"script": "deepspeed_step.py", "args": list(args), "code_src": str(EXAMPLES),
+            "nproc_per_node": 2, "launcher": "deepspeed", "run_id": run_id, **extra}
+
+
+def ds_lines(runs, run_id, cluster):
+    found = []
+    for node in cluster.nodes:
+        log = (runs / run_id / "nodes" / node.name / "node.log").read_text()
+        found += [m.groups() for m in DS_LINE.finditer(log)]
+    return found
+
+
+def test_deepspeed_trains_in_one_world_with_the_users_config(cluster3, tmp_path):
+    """DeepSpeed's per-node launcher on every node (no pdsh), the plan's world, and the user's
+    DeepSpeed config file synced with the code."""
+    code = tmp_path / "code"
+    shutil.copytree(EXAMPLES, code)
+    (code / "ds_config.json").write_text(json.dumps(
+        {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2}))
+    result = launch(ds_job("ds-world", "--deepspeed_config", "ds_config.json",
+                           code_src=str(code)), cluster3.inventory, runs_dir=tmp_path / "runs")
+    assert result.ok, result.reason
+    found = ds_lines(tmp_path / "runs", "ds-world", cluster3)
+    assert sorted(int(f[3]) for f in found) == list(range(6)), found
+    for ok, host, local, rank, world, micro, gas, total, expected in found:
+        assert ok == "ok" and world == "6" and total == expected == "21"
+        assert (micro, gas) == ("3", "2")
+        rank_of_host = [n.name for n in cluster3.nodes].index(host)
+        assert int(rank) == 2 * rank_of_host + int(local)
+    node_dir = tmp_path / "runs" / "ds-world" / "nodes" / cluster3.nodes[2].name
+    argv = json.loads((node_dir / "cmd.json").read_text())
+    assert argv[1:4] == ["-u", "-m", "deepspeed.launcher.launch"]
+    assert "--node_rank=2" in argv and f"--master_addr={cluster3.nodes[0].ip}" in argv
+    assert_nothing_left(cluster3)
+
+
+def test_a_failing_rank_under_deepspeed_stops_every_node_fast(cluster3, tmp_path):
+    result = launch(ds_job("ds-fail", "--fail-rank", "3"), cluster3.inventory,
+                    runs_dir=tmp_path)
+    returned = time.time()
+    assert result.exit_code == Exit.JOB_FAILED, result.reason
+    assert_failed_fast(tmp_path / "ds-fail", cluster3, 3, "injected failure on rank 3",
+                       returned, "deepspeed")
+
+
+def test_a_detached_accelerate_job_is_seen_and_stopped_with_nothing_left(cluster3, tmp_path):
+    result = launch(job("acc-detach", "--steps", "1000000", detach=True), cluster3.inventory,
+                    runs_dir=tmp_path)
+    assert result.state == "running", result.reason
+    seen = status("acc-detach", runs_dir=tmp_path)
+    assert seen.state == "running" and len(seen.hosts) == 3, seen.reason
+    stopped = stop("acc-detach", runs_dir=tmp_path)
+    assert stopped.state == "stopped", stopped.reason
+    assert_nothing_left(cluster3)

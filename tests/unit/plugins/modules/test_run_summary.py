@@ -165,3 +165,31 @@ def test_the_last_attempt_of_a_restarted_job_counts(tmp_path):
         os.utime(d / str(local) / "stderr.log", (mtime, mtime))
     found = failure_of(node)
     assert found["failing_rank"] == 3 and found["exception"] == "ValueError: second try"
+
+
+DEEPSPEED_NODE_LOG = """\
+[2026-11-24 03:31:30,001] [INFO] [launch.py:170:main] dist_world_size=6
+torchherd-fail rank=3 t=1795491091.928
+[rank3]: Traceback (most recent call last):
+[rank3]:   File "/code/deepspeed_step.py", line 56, in main
+[rank3]:     raise RuntimeError(f"injected failure on rank {rank}")
+[rank3]: RuntimeError: injected failure on rank 3
+[rank2]: Traceback (most recent call last):
+[rank2]:   File "/code/deepspeed_step.py", line 58, in main
+[rank2]:     dist.all_reduce(value)
+[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:51082
+[2026-11-24 03:31:33,606] [ERROR] [launch.py:259:sigkill_handler] ['/usr/bin/python3', '-u', \
+'deepspeed_step.py', '--local_rank=1'] exits with return code = 1
+"""
+
+
+def test_a_launcher_without_per_rank_files_names_the_rank_from_the_prefixes(tmp_path):
+    """DeepSpeed's launcher writes every rank to the node log; the rank that raised by itself
+    is named, not the peer that lost its connection after it (which wrote last)."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils._summary import failure_of
+
+    (tmp_path / "node.log").write_text(DEEPSPEED_NODE_LOG)
+    found = failure_of(str(tmp_path))
+    assert found["failing_rank"] == 3
+    assert found["exception"] == "RuntimeError: injected failure on rank 3"
+    assert "deepspeed_step.py\", line 56" in found["traceback"]

@@ -114,6 +114,31 @@ def _rank_failure(rank_dir):
             "at": _mtime(stderr) if exception else float("inf")}
 
 
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$", re.MULTILINE)
+
+
+def _failure_from_prefixes(node_log):
+    """Failing rank, exception and traceback from a node log whose ranks' lines carry torch's
+    [rankN]: prefix: a rank's own error before a peer's connection error, then the first in
+    the log."""
+    lines = {}
+    first = {}
+    for match in _RANK_LINE.finditer(node_log):
+        rank = int(match.group(1))
+        lines.setdefault(rank, []).append(match.group(2))
+        if "Traceback (most recent call last):" in match.group(2):
+            first.setdefault(rank, match.start())
+    candidates = []
+    for rank, at in first.items():
+        traceback, exception = _traceback("\n".join(lines[rank]))
+        candidates.append(((bool(_SECONDARY.search(exception or "")), exception is None, at),
+                           rank, exception, traceback))
+    if not candidates:
+        return {}
+    _key, rank, exception, traceback = min(candidates)
+    return {"failing_rank": rank, "exception": exception, "traceback": traceback}
+
+
 def failure_of(node_dir):
     """Failing rank, exception and traceback of one node.
 
@@ -147,6 +172,10 @@ def failure_of(node_dir):
     elif found["local_rank"] is not None and found["local_rank"] in ranks:
         failure = _rank_failure(ranks[found["local_rank"]])
         found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
+    elif not ranks and _RANK_LINE.search(node_log):
+        # A launcher that writes no per-rank files (DeepSpeed's): torch prefixes what each rank
+        # writes to stderr with [rankN]:, so the node log holds every rank's traceback.
+        found.update(_failure_from_prefixes(node_log))
     elif ranks:
         # No report from torchrun (killed, or never got that far): the error files alone.
         at, local, failure = min((f["at"], local, f) for local, f in
