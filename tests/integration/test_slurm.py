@@ -211,3 +211,42 @@ def test_scancel_leaves_no_process_on_any_node(slurm):
     # The supervisor saw torchrun end on every node and recorded it.
     for host in allocated:
         assert slurm.exec(host, ["cat", f"{run_dir}/exit_code"]).stdout.strip()
+
+
+@pytest.mark.parametrize("launcher,script,line", [
+    ("accelerate", "accelerate_gather.py", r"torchherd-accelerate ok host=(\S+) "
+                                           r"process_index=(\d+) .*num_processes=2 "),
+    ("deepspeed", "deepspeed_step.py", r"torchherd-deepspeed ok host=(\S+) node_rank=\S+ "
+                                       r"local_rank=0 rank=(\d+) world_size=2 "),
+])
+def test_other_launchers_run_as_steps_of_the_job(slurm, launcher, script, line):
+    """launcher accelerate or deepspeed under sbatch: each node's launcher is a step of the
+    job (srun), with the node's rank of the allocation."""
+    submitted = slurm.slurm([
+        "env", *(f"{k}={v}" for k, v in TEMPLATE_ENV.items()),
+        "sbatch", "--parsable", "--wait", "--nodes=2",
+        "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
+        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1",
+        "--launcher", launcher, "--", script,
+    ], check=False, timeout=300)  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    allocated = slurm.job_nodes(job_id)
+    output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"]).stdout
+    assert submitted.returncode == 0, output
+    assert slurm.job_state(job_id) == "COMPLETED"
+    seen = {}
+    for rank, host in enumerate(allocated):
+        run_dir = f"/root/.torchherd/runs/slurm-{job_id}"
+        cmd = json.loads(slurm.exec(host, ["cat", f"{run_dir}/cmd.json"]).stdout)
+        assert cmd[:3] == ["srun", f"--jobid={job_id}", f"--nodelist={host}"]
+        assert launcher in " ".join(cmd)
+        # The node's rank of the allocation, in the launcher's own words.
+        given = cmd[cmd.index("--machine_rank") + 1] if "--machine_rank" in cmd else next(
+            a.split("=", 1)[1] for a in cmd if a.startswith("--node_rank="))
+        assert given == str(rank), cmd
+        for hostname, global_rank in re.findall(
+                line, slurm.exec(host, ["cat", f"{run_dir}/node.log"]).stdout):
+            seen[int(global_rank)] = hostname
+    assert seen == dict(enumerate(allocated)), output
+    for node in slurm.nodes:
+        assert leftovers(slurm, node) == [], node.name
