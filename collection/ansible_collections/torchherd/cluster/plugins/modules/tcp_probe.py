@@ -20,6 +20,9 @@ description:
     start listening a moment after a node first tries.
   - A firewall that drops or rejects the port, a wrong route or an address that is not the
     master's all show up here, before the job starts.
+  - Then every node offers a port at the address it connected from and the listener connects
+    back to it there, as the job's peers will (gloo and NCCL listen on every node); a node that
+    cannot be reached back shows in RV(back_error) and RV(back_failed).
 extends_documentation_fragment:
   - torchherd.cluster._attributes
   - torchherd.cluster._attributes.INFO_MODULE
@@ -98,6 +101,23 @@ served:
   returned: when O(listen=true)
   type: int
   sample: 3
+address:
+  description: The local address this node connected from.
+  returned: when RV(reachable) is true
+  type: str
+  sample: 10.67.101.11
+back_error:
+  description:
+    - Why the master could not open a connection back to RV(address) on this node (as the job's
+      peers must); null when it could.
+  returned: always
+  type: str
+  sample: null
+back_failed:
+  description: Address to reason, for every node the master could not connect back to.
+  returned: when O(listen=true) and the port could be listened on
+  type: dict
+  sample: {}
 """
 
 from ansible.module_utils.basic import AnsibleModule

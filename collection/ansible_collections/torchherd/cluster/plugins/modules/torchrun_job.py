@@ -362,9 +362,13 @@ probe:
   description:
     - What the barrier saw here (O(barrier)); C(reachable) false names why this node could not
       reach the master port, C(served) is the number of nodes the master heard from.
+    - C(address) is the local address this node connected from; C(back_error) says why the
+      master could not connect back to it there (null when it could); on the master,
+      C(back_failed) maps each address it could not connect back to to the reason.
   returned: when O(barrier) is set
   type: dict
-  sample: {reachable: true, error: null, seconds: 0.004, served: 3}
+  sample: {reachable: true, error: null, seconds: 0.004, served: 3, address: 10.67.101.10,
+           back_error: null, back_failed: {}}
 firewall:
   description:
     - What O(firewall) opened or removed here, as M(torchherd.cluster.firewall_rules) returns it
