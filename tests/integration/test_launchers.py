@@ -25,16 +25,17 @@ LINE = re.compile(r"torchherd-accelerate (\w+) host=(\S+) process_index=(\d+) "
                   r"gradient_accumulation_steps=(\d+) gathered=(\S+)")
 
 
-def job(run_id, *args, **extra):
-    return {"script": "accelerate_gather.py", "args": list(args), "code_src": str(EXAMPLES),
-            "nproc_per_node": 2, "launcher": "accelerate", "run_id": run_id, **extra}
+def job(run_id, *args, launcher="accelerate", script="accelerate_gather.py", **extra):
+    return {"script": script, "args": list(args), "code_src": str(EXAMPLES),
+            "nproc_per_node": 2, "launcher": launcher, "run_id": run_id, **extra}
 
 
-def lines(runs, run_id, cluster):
+def lines(runs, run_id, cluster, pattern=LINE):
+    """The groups of every match of pattern in every node's log."""
     found = []
     for node in cluster.nodes:
         log = (runs / run_id / "nodes" / node.name / "node.log").read_text()
-        found += [m.groups() for m in LINE.finditer(log)]
+        found += [m.groups() for m in pattern.finditer(log)]
     return found
 
 
@@ -126,16 +127,7 @@ DS_LINE = re.compile(r"torchherd-deepspeed (\w+) host=(\S+) node_rank=\S+ local_
 
 
 def ds_job(run_id, *args, **extra):
-    return {"script": "deepspeed_step.py", "args": list(args), "code_src": str(EXAMPLES),
-            "nproc_per_node": 2, "launcher": "deepspeed", "run_id": run_id, **extra}
-
-
-def ds_lines(runs, run_id, cluster):
-    found = []
-    for node in cluster.nodes:
-        log = (runs / run_id / "nodes" / node.name / "node.log").read_text()
-        found += [m.groups() for m in DS_LINE.finditer(log)]
-    return found
+    return job(run_id, *args, launcher="deepspeed", script="deepspeed_step.py", **extra)
 
 
 def test_deepspeed_trains_in_one_world_with_the_users_config(cluster3, tmp_path):
@@ -148,7 +140,7 @@ def test_deepspeed_trains_in_one_world_with_the_users_config(cluster3, tmp_path)
     result = launch(ds_job("ds-world", "--deepspeed_config", "ds_config.json",
                            code_src=str(code)), cluster3.inventory, runs_dir=tmp_path / "runs")
     assert result.ok, result.reason
-    found = ds_lines(tmp_path / "runs", "ds-world", cluster3)
+    found = lines(tmp_path / "runs", "ds-world", cluster3, DS_LINE)
     assert sorted(int(f[3]) for f in found) == list(range(6)), found
     for ok, host, local, rank, world, micro, gas, total, expected in found:
         assert ok == "ok" and world == "6" and total == expected == "21"

@@ -198,6 +198,21 @@ def test_a_user_without_root_launches_where_no_firewall_needs_opening(uneven, tr
     no_job_left(uneven)
 
 
+def test_a_user_without_root_stops_a_detached_job_with_nothing_left(uneven, trainer,
+                                                                     tmp_path):
+    """stop removes the run's firewall rules with become; a user who may not has put none
+    there, and the stop must not fail on it."""
+    from driver import status, stop
+
+    result = launch(job("nonroot-stop", args=["--sleep", "600"], detach=True), trainer,
+                    runs_dir=tmp_path)
+    assert result.state == "running", result.reason
+    assert status("nonroot-stop", runs_dir=tmp_path).state == "running"
+    stopped = stop("nonroot-stop", runs_dir=tmp_path)
+    assert stopped.state == "stopped", stopped.reason
+    no_job_left(uneven)
+
+
 def test_a_user_without_root_is_told_what_a_default_deny_node_lacks(uneven, trainer,
                                                                       tmp_path):
     denied = uneven.nodes[1]
