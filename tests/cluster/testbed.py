@@ -49,11 +49,12 @@ NODE_GLIBC_MINOR = 36
 # accelerate and DeepSpeed: the nodes can run every launcher. DeepSpeed comes as source only:
 # its wheel is built on the host (SOURCE_WHEELS) against the host's torch, its dependencies are
 # downloaded as wheels. (On CPU its first init compiles a C++ extension; the image does that once
-# at build time, see the Containerfile.)
+# at build time, see the Containerfile.) py-spy (a static binary in a wheel): torchherd's stacks
+# collection reads every rank's Python stack with it.
 WHEEL_REQUIREMENTS = (
     "torch==2.13.0", "numpy", "accelerate==1.15.0",
     "hjson", "ninja", "py-cpuinfo", "pydantic", "msgpack", "einops", "psutil", "tqdm",
-    "packaging",
+    "packaging", "py-spy==0.4.3",
 )
 SOURCE_WHEELS = ("deepspeed==0.19.8",)
 
@@ -242,7 +243,9 @@ def ensure_wheelhouse() -> Path:
         "--only-binary=:all:",
         "--implementation", "cp",
         "--python-version", NODE_PYTHON_VERSION,
-        *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(17, NODE_GLIBC_MINOR + 1)),
+        # pip takes each --platform literally, not as a floor: name every glibc the node has
+        # (py-spy's wheel is manylinux_2_5 only).
+        *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(5, NODE_GLIBC_MINOR + 1)),
     ]  # fmt: skip
     pip = [sys.executable, "-m", "pip", "download", "--dest", str(partial), *target]
     # torch alone first: a CUDA build would drag in gigabytes of nvidia packages, so stop

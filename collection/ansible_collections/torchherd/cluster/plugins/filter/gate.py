@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect import judge
+
 DOCUMENTATION = r"""
 name: gate
 author: torchherd developers
@@ -77,6 +79,16 @@ _value:
           RV(torchherd.cluster.node_facts#module:interface); the start exports the name as
           GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on that host and its barrier connects from
           the address.
+      type: dict
+    interconnect:
+      description:
+        - The interconnect check's verdict where it ran (null otherwise) - C(ok), C(allreduce)
+          (C(busbw) and C(algbw) in GB/s, C(latency_us), C(bytes), C(world_size)), C(pairs)
+          (C(a), C(b), C(gbps) each way), C(threshold_gbps) and C(threshold_why), C(slow_nodes),
+          C(slow_links), every node's C(results), and C(reused) (C(run_id), C(at)) when the
+          measure of an earlier run of the same nodes was reused.
+        - Its problems are among RV(problems), check C(interconnect), naming the node slow with
+          every peer, or the link between two.
       type: dict
     table:
       description: A per-host table of the key facts and the problems, for people.
@@ -371,6 +383,10 @@ def gate(hosts, hostvars, plan, match=None):
                                      "list one inventory entry per machine, or give each entry "
                                      "its own GPUs with CUDA_VISIBLE_DEVICES"))
 
+    interconnect = _interconnect(hosts, hostvars, job, facts)
+    if interconnect:
+        problems += [_problem(*p) for p in interconnect.pop("problems")]
+
     rows = []
     for host in hosts:
         f = facts.get(host)
@@ -391,13 +407,49 @@ def gate(hosts, hostvars, plan, match=None):
         "world_size": sum(nprocs.values()),
         "interfaces": interfaces,
         "backend": backend,
-        "table": render(rows, problems),
+        "interconnect": interconnect,
+        "table": render(rows, problems, interconnect),
     }
 
 
-def render(rows, problems):
+def _interconnect(hosts, hostvars, job, facts):
+    """The interconnect check's verdict (see _interconnect.judge) with every node's result;
+    None where it did not run. The results are each node's C(torchherd_interconnect), or the
+    measure of the same nodes that the preflight role reused (localhost's
+    C(torchherd_interconnect_reused))."""
+    reused = (hostvars.get("localhost") or {}).get("torchherd_interconnect_reused") or {}
+    results = dict(reused.get("results") or {})
+    if not results:
+        for host in hosts:
+            found = hostvars.get(host, {}).get("torchherd_interconnect")
+            if isinstance(found, dict) and not found.get("skipped"):
+                results[host] = {k: found.get(k) for k in ("allreduce", "pairs", "error")}
+                if not found.get("allreduce") and not found.get("error"):
+                    results[host]["error"] = str(found.get("msg") or "no result")[:300]
+        if not results:
+            return None
+    speeds = {h: (f.get("interface") or {}).get("speed") for h, f in facts.items()}
+    verdict = judge(hosts, results, job.get("interconnect_min_busbw") or 0.0,
+                    job.get("interconnect_min_link_share") or 0.0, speeds)
+    verdict["results"] = results
+    verdict["reused"] = {"run_id": reused.get("run_id"), "at": reused.get("at")} \
+        if reused.get("results") else None
+    return verdict
+
+
+def render(rows, problems, interconnect=None):
     head = ["node", "hostname", "python", "torch", "cuda", "nccl", "gpus", "procs", "interface"]
     lines = _table(head, rows)
+    measure = (interconnect or {}).get("allreduce")
+    if measure:
+        threshold = interconnect.get("threshold_gbps")
+        reused = interconnect.get("reused")
+        lines += ["", f"interconnect: all-reduce bus bandwidth {measure['busbw']:.3g} GB/s, "
+                      f"latency {measure['latency_us']:.0f} us ({measure['world_size']} ranks, "
+                      f"{measure['bytes'] >> 20} MiB); "
+                  + (f"threshold {threshold:.3g} GB/s ({interconnect['threshold_why']})"
+                     if threshold else "no threshold")
+                  + (f"; measured by run {reused['run_id']}" if reused else "")]
     if problems:
         lines += ["", f"{len(problems)} problem(s):"]
         for p in problems:

@@ -390,12 +390,16 @@ def plan(job, groups, hostvars, run_id=""):
                             f"from the inventory and the job: node rank, node count, master "
                             f"address and port, processes per node, logs)")
 
-    for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1)):
+    for key, low in (("max_restarts", 0), ("timeout", 0), ("watch_interval", 1),
+                     ("hang_timeout", 0), ("interconnect_max_age", 0)):
         if merged[key] < low:
             problems.append(f"job.{key}: expected an integer >= {low}, found {merged[key]!r}")
     for key in ("probe_timeout", "probe_window"):
         if merged[key] <= 0:
             problems.append(f"job.{key}: expected a number of seconds > 0, found {merged[key]!r}")
+    for key in ("interconnect_min_busbw", "interconnect_min_link_share"):
+        if merged[key] < 0:
+            problems.append(f"job.{key}: expected a number >= 0, found {merged[key]!r}")
 
     run_id = merged["run_id"] or run_id
     for key, value in (("run_id", run_id), ("name", merged["name"])):

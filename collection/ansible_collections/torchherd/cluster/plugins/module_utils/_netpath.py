@@ -134,11 +134,28 @@ def route_to(address):
     return (_holder(source, interfaces()), source), None
 
 
+def link_speed(name):
+    """The link speed the kernel reports for an interface in Mb/s, or None where it reports
+    none (virtual interfaces without one, a link that is down: -1)."""
+    try:
+        with open(f"/sys/class/net/{name}/speed", encoding="ascii") as handle:
+            speed = int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None
+
+
 def select(master, explicit="", ifaces=None):
     """The job's interface on this node: a dict with name, address (its own, of the master
     address's family), how (explicit, local or route), master (the address the master name
-    resolved to) and error (why none could be chosen, with the node's interfaces and routes)."""
-    ifaces = interfaces() if ifaces is None else ifaces
+    resolved to), speed (Mb/s, see link_speed) and error (why none could be chosen, with the
+    node's interfaces and routes)."""
+    found = _select(master, explicit, interfaces() if ifaces is None else ifaces)
+    found["speed"] = link_speed(found["name"]) if found["name"] and not found["error"] else None
+    return found
+
+
+def _select(master, explicit, ifaces):
     out = {"name": None, "address": None, "how": None, "master": None, "error": None}
     target, error = resolve(master)
     if target is None:

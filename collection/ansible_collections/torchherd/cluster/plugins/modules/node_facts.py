@@ -151,11 +151,13 @@ interface:
     - C(how) says how it was chosen - C(explicit) (O(interface)), C(local) (the interface
       holding O(master_addr), so this node is the master), C(route) (the one the kernel's route to
       O(master_addr) leaves on) - and C(master) is the address O(master_addr) resolved to.
+    - C(speed) is the link speed the kernel reports for it in Mb/s (the interconnect check's
+      threshold may be a share of it); null where it reports none.
     - C(error) says why none could be chosen (no such interface, no address of the master's
       family on it, no route), with the node's interfaces or routes; null otherwise.
   returned: always
   type: dict
-  sample: {name: data0, address: 10.67.101.11, how: route, master: 10.67.101.10, error: null}
+  sample: {name: data0, address: 10.67.101.11, how: route, master: 10.67.101.10, speed: 10000, error: null}
 port_free:
   description: Whether O(port) can be bound on this node; null when not checked.
   returned: always
