@@ -1,6 +1,6 @@
 """torchherd's Python driver: launch and inspect torchherd runs through ansible-runner.
 
-    from driver import launch, launch_async, verify, status, stop, collect, logs, runs
+    from driver import launch, launch_async, verify, status, stop, collect, logs, runs, stacks
 
 The driver talks to the collection only through ansible-runner and files (the job spec's
 argument_specs.yml, the run directory and its summary.json); it imports nothing from it.
@@ -20,6 +20,7 @@ from driver.api import (
     launch_async,
     logs,
     runs,
+    stacks,
     status,
     stop,
     verify,
@@ -29,5 +30,5 @@ from driver.spec import JobSpecError, load_job
 __all__ = [
     "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "RunHandle", "RunInfo",
     "RunResult", "UsageError", "collect", "launch", "launch_async", "load_job", "logs", "runs",
-    "status", "stop", "verify",
+    "stacks", "status", "stop", "verify",
 ]

@@ -49,11 +49,11 @@ from driver.spec import JobSpecError, validate
 __all__ = [
     "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "OnInterrupt", "RunHandle",
     "RunInfo", "RunResult", "UsageError", "act_async", "collect", "launch", "launch_async",
-    "logs", "runs", "status", "stop", "verify", "verify_async",
+    "logs", "runs", "stacks", "status", "stop", "verify", "verify_async",
 ]
 
 OnInterrupt = Literal["stop", "detach"]
-Action = Literal["status", "stop", "collect"]
+Action = Literal["status", "stop", "collect", "stacks"]
 DRIVER_FILE = "driver.json"  # the driver's own note in a run directory: the inventory
 DEFAULT_RUNS_DIR = "runs"
 _END = object()
@@ -383,9 +383,9 @@ def _existing_run(run_id: str, runs_dir: str | Path | None,
 
 def act_async(action: Action, run_id: str, *, runs_dir: str | Path | None = None,
               inventory: str | Path | None = None, verbosity: int = 0) -> RunHandle:
-    """Start status, stop or collect on run ``run_id`` in a thread."""
-    if action not in ("status", "stop", "collect"):
-        raise UsageError(f"action: expected status, stop or collect, found {action!r}")
+    """Start status, stop, collect or stacks on run ``run_id`` in a thread."""
+    if action not in ("status", "stop", "collect", "stacks"):
+        raise UsageError(f"action: expected status, stop, collect or stacks, found {action!r}")
     run_dir, inv = _existing_run(run_id, runs_dir, inventory)
     extravars = {"torchherd_run_id": run_id, "torchherd_runs_dir": str(run_dir.parent)}
 
@@ -411,6 +411,15 @@ def stop(run_id: str, *, runs_dir: str | Path | None = None,
          on_event: Callable[[Event], None] | None = None) -> RunResult:
     """Stop the job on every node (SIGTERM, SIGKILL after the grace period), then collect."""
     return _block(act_async("stop", run_id, runs_dir=runs_dir, inventory=inventory), on_event)
+
+
+def stacks(run_id: str, *, runs_dir: str | Path | None = None,
+           inventory: str | Path | None = None,
+           on_event: Callable[[Event], None] | None = None) -> RunResult:
+    """Read every rank's Python stack on every node (py-spy; on NCCL the Flight Recorder too)
+    into the run's stacks/ directory; the job goes on running. ``RunResult.stacks`` holds the
+    report: where the ranks are, the odd ones out first."""
+    return _block(act_async("stacks", run_id, runs_dir=runs_dir, inventory=inventory), on_event)
 
 
 def collect(run_id: str, *, runs_dir: str | Path | None = None,

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import argcomplete
@@ -46,6 +47,7 @@ _EXIT_MEANINGS = {
     Exit.JOB_FAILED: "the job failed, or a launch was stopped from elsewhere",
     Exit.NODE_UNREACHABLE: "a node was unreachable, or lost while the job ran",
     Exit.TIMEOUT: "the job ran past its timeout and was stopped",
+    Exit.HUNG: "no rank made progress for hang_timeout s; stacks in the run's stacks/",
     Exit.CANCELLED: "cancelled by Ctrl-C or SIGTERM",
 }
 
@@ -186,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_args(action("stop", "stop a run's job on every node, then collect", "RUN_ID"))
     _run_args(action("collect", "fetch a run's logs and artifacts, write summary.json",
                      "RUN_ID -i inventories/cluster.ini"))
+    _run_args(action("stacks", "every rank's Python stack on every node; the job runs on",
+                     "RUN_ID", "RUN_ID --json"))
     logs = action("logs", "every node's log, lines prefixed with host and rank",
                   "RUN_ID --follow", "RUN_ID --no-fetch > all-nodes.log")
     _run_args(logs)
@@ -386,6 +390,23 @@ def _act(args: argparse.Namespace, ui: Ui) -> int:
     return ui.report(result, args.json)
 
 
+def _stacks(args: argparse.Namespace, ui: Ui) -> int:
+    """The report on stdout (the data asked for), the verdict on stderr; --json: the document."""
+    result = ui.drive(lambda: api.act_async("stacks", args.run_id, runs_dir=args.runs_dir,
+                                            inventory=args.inventory, verbosity=args.verbose),
+                      cancel_note="nothing changes on the nodes")
+    found = result.stacks
+    if found and not args.json:
+        sys.stdout.write(Path(found["text"]).read_text(encoding="utf-8"))
+        sys.stdout.flush()
+    if found:
+        ui.say(f"stacks: {found['summary']} ({found['text']})",
+               "yellow" if found["odd"] else "green")
+    elif result.ok:
+        ui.say("stacks: none read (no report written)", "red")
+    return ui.report(result, args.json)
+
+
 def _logs(args: argparse.Namespace, ui: Ui) -> int:
     stream = api.logs(args.run_id, runs_dir=args.runs_dir, inventory=args.inventory,
                       follow=args.follow, interval=args.interval, fetch=args.fetch)
@@ -427,6 +448,7 @@ def _runs(args: argparse.Namespace, ui: Ui) -> int:
 
 _ACTIONS: dict[str, Callable[[argparse.Namespace, Ui], int]] = {
     "launch": _launch, "verify": _launch, "status": _act, "stop": _act, "collect": _act,
+    "stacks": _stacks,
     "logs": _logs, "runs": _runs,
 }
 

@@ -31,6 +31,8 @@ PHASES: dict[str, str | dict[str, str]] = {
     "torchherd.cluster.run_record": {"plan": "plan", "preflight": "preflight"},
     "torchherd.cluster.node_facts": "preflight",
     "torchherd.cluster.tcp_probe": "preflight",
+    "torchherd.cluster.interconnect": "interconnect",
+    "torchherd.cluster.job_stacks": "stacks",
     "torchherd.cluster.rsync": {"sync": "sync", "collect": "collect"},
     "torchherd.cluster.firewall_rules": {"firewall": "firewall", "firewall/teardown": "teardown",
                                          "firewall/teardown_all": "teardown"},

@@ -25,6 +25,7 @@ class Exit(IntEnum):
     JOB_FAILED = 4
     NODE_UNREACHABLE = 5
     TIMEOUT = 6
+    HUNG = 7
     CANCELLED = 130
 
 
@@ -78,6 +79,11 @@ class RunResult:
     sync: dict[str, int] | None = None  # files, bytes, nodes_sent_to: what the sync sent
     # Processes per node when global ranks follow node ranks (static rendezvous), else None.
     static_nproc: int | None = None
+    # The interconnect check's verdict and a declared hang (summary.json), and with stacks the
+    # report it wrote (stacks/<time>.json).
+    interconnect: dict[str, Any] | None = None
+    hang: dict[str, Any] | None = None
+    stacks: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,7 +98,8 @@ class RunResult:
             "world_size": self.world_size, "nproc_per_node": self.nproc_per_node,
             "nnodes": self.nnodes, "master": self.master, "merged_log": self.merged_log,
             "hosts": self.hosts, "timings": self.timings, "sync": self.sync,
-            "problems": self.problems,
+            "problems": self.problems, "interconnect": self.interconnect, "hang": self.hang,
+            "stacks": self.stacks,
         }
 
 
@@ -132,6 +139,8 @@ def exit_for_hosts(state: str, hosts: dict[str, Any], action: str) -> Exit:
     elastic job may finish without a lost node). Otherwise a lost node explains the failures
     it causes elsewhere, so it ranks first; a timeout stops every node, so it ranks before
     plain failures."""
+    if state == "hung":
+        return Exit.HUNG
     if state in ("succeeded", "running"):
         return Exit.OK
     states = {h.get("state") for h in hosts.values()}
@@ -222,7 +231,31 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
                      nnodes=layout.get("nnodes"), master=layout.get("master"),
                      merged_log=(summary or {}).get("merged_log"),
                      sync=(summary or {}).get("sync"),
-                     static_nproc=static_nproc(plan, preflight))
+                     static_nproc=static_nproc(plan, preflight),
+                     interconnect=(summary or {}).get("interconnect")
+                     or _interconnect_of(gate),
+                     hang=(summary or {}).get("hang"),
+                     stacks=newest_stacks(run_dir) if action == "stacks" else None)
+
+
+def _interconnect_of(gate: dict[str, Any]) -> dict[str, Any] | None:
+    """The gate's interconnect verdict without every node's raw result (verify has no summary)."""
+    found = gate.get("interconnect")
+    return {k: v for k, v in found.items() if k != "results"} if found else None
+
+
+def newest_stacks(run_dir: Path) -> dict[str, Any] | None:
+    """The newest stacks report of a run (stacks/<time>.json) and its files."""
+    reports = sorted((run_dir / "stacks").glob("*.json"))
+    if not reports:
+        return None
+    report = read_json(reports[-1]) or {}
+    return {"summary": report.get("summary"), "groups": report.get("groups") or [],
+            "odd": report.get("odd") or [], "errors": report.get("errors") or {},
+            "flight_recorder": report.get("flight_recorder") or {},
+            "ranks": [{k: v for k, v in r.items() if k != "threads"}
+                      for r in report.get("ranks") or []],
+            "json": str(reports[-1]), "text": str(reports[-1].with_suffix(".txt"))}
 
 
 def run_info(run_dir: Path) -> RunInfo | None:

@@ -78,7 +78,7 @@ def test_run_result_document_matches_the_schema(tmp_path):
                        summary={"world_size": 4, "nproc_per_node": 2, "nnodes": "2",
                                 "master": {"host": "n0", "addr": "10.0.0.1", "port": 29500}})
     jsonschema.validate(result.to_dict(), SCHEMA)
-    bad = dict(result.to_dict(), exit_code=7)
+    bad = dict(result.to_dict(), exit_code=8)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, SCHEMA)
 

@@ -21,11 +21,87 @@ be compared (summary.json's root cause, timings) without the clocks agreeing.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.vars import merge_hash
+
+
+class HangWatch:
+    """The job's hang watch across nodes, in files of the run directory on the controller (every
+    node's wait runs in a worker of its own): <dir>/<host>.json holds what that node last said
+    about its progress, <dir>/hung.json the hang once declared.
+
+    A node's wait returns when the node goes quiet (or active again, see the module's hang
+    option); the job is hung once every node is quiet (or ended) and the newest progress of
+    any node is hang timeout seconds old. The first wait to see that declares it (an exclusive
+    create): its rescue collects the stacks and stops the job as the user chose."""
+
+    def __init__(self, directory, hosts, timeout, host):
+        self.dir, self.hosts, self.timeout, self.host = directory, list(hosts), timeout, host
+        self.hung_file = os.path.join(directory, "hung.json")
+
+    def _read(self, host):
+        try:
+            with open(os.path.join(self.dir, f"{host}.json"), encoding="utf-8") as handle:
+                return json.load(handle)
+        except (OSError, ValueError):
+            return {}
+
+    def quiet_since(self):
+        """The node's quiet spell the controller knows of (its clock), 0 when none."""
+        return float(self._read(self.host).get("quiet_since") or 0)
+
+    def judge(self, result):
+        activity = result.get("activity")
+        if not isinstance(activity, dict):
+            return result  # unreachable, or the module failed: the watch decides on it
+        now = time.time()
+        ended = result.get("job_state") != "running"
+        last = activity.get("last")
+        # The node's time of its last progress on the controller's clock.
+        offset = now - float(result.get("checked_at") or now)
+        record = {"quiet": bool(activity.get("quiet")) or ended, "ended": ended, "at": now,
+                  "quiet_since": last if activity.get("quiet") else 0,
+                  "last": None if last is None else last + offset}
+        os.makedirs(self.dir, exist_ok=True)
+        tmp = os.path.join(self.dir, f".{self.host}.{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, os.path.join(self.dir, f"{self.host}.json"))
+        state = "quiet" if record["quiet"] else "active"
+        if activity.get("hung") or os.path.exists(self.hung_file):
+            state = "hung"
+        elif not ended and record["quiet"] and self._everyone_quiet(now):
+            state = "hung"
+            result["hang_declared"] = self._declare(now)
+        result["hang_state"] = state
+        return result
+
+    def _everyone_quiet(self, now):
+        records = [self._read(h) for h in self.hosts]
+        if not all(r.get("quiet") for r in records):
+            return False
+        newest = max((r["last"] for r in records if r.get("last") is not None), default=None)
+        return newest is None or now - newest >= self.timeout
+
+    def _declare(self, now):
+        records = {h: self._read(h) for h in self.hosts}
+        newest = max((r["last"] for r in records.values() if r.get("last") is not None),
+                     default=None)
+        try:
+            handle = os.open(self.hung_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False  # another node's wait declared it a moment before
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump({"declared_at": now, "declared_by": self.host, "timeout": self.timeout,
+                       "last_progress": newest,
+                       "quiet_for": None if newest is None else round(now - newest, 1),
+                       "nodes": records}, out)
+        return True
 
 
 class ActionModule(NormalAction):
@@ -42,6 +118,22 @@ class ActionModule(NormalAction):
             return self._run_with_secrets(tmp, task_vars)
         if self._task.args.get("state") != "waiting":
             return super().run(tmp, task_vars)
+        hang = self._task.args.get("hang")
+        if not hang:
+            return self._wait(tmp, task_vars)
+        watch = HangWatch(hang["dir"], hang["hosts"], float(hang["timeout"]),
+                          (task_vars or {}).get("inventory_hostname"))
+        # The module gets what the node needs; the watch's own files stay on the controller.
+        original = self._task.args
+        self._task.args = dict(original, hang={"timeout": watch.timeout,
+                                               "quiet_since": watch.quiet_since()})
+        try:
+            result = self._wait(tmp, task_vars)
+        finally:
+            self._task.args = original
+        return watch.judge(result)
+
+    def _wait(self, tmp, task_vars):
         try:
             return super().run(tmp, task_vars)
         except AnsibleConnectionFailure as first:

@@ -33,6 +33,12 @@ def run_paths(root, run_id):
         "env": os.path.join(run_dir, "env.json"),
         "meta": os.path.join(run_dir, "meta.json"),
         "torchrun_logs": os.path.join(run_dir, "torchrun"),
+        # Touched by the job, where it wants (TORCHHERD_PROGRESS_FILE): progress without output.
+        "progress": os.path.join(run_dir, "progress"),
+        # Written once the job was declared hung: every node's wait then returns.
+        "hung": os.path.join(run_dir, "hung"),
+        # NCCL's Flight Recorder dumps and the pipes that ask for them (see _stacks).
+        "flight_recorder": os.path.join(run_dir, "flight_recorder"),
     }
 
 
@@ -151,6 +157,18 @@ def terminate(run_dir, pgid, grace):
                 pass
         time.sleep(0.1)
     return sorted(set(killed))
+
+
+def last_activity(paths):
+    """When the job last showed progress on this node (this node's clock): the newest of its
+    node log (every rank's output, teed there by the launcher) and the progress file."""
+    times = []
+    for key in ("log", "progress"):
+        try:
+            times.append(os.path.getmtime(paths[key]))
+        except OSError:
+            pass
+    return max(times) if times else None
 
 
 def load_json(path, default=None):

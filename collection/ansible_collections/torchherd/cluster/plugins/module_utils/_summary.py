@@ -237,6 +237,10 @@ def summarize(run_dir, plan, results, marks, previous=None):
             # What the launch's sync sent to the node (status and collect keep the launch's).
             "sync": res.get("sync") or (previous.get(host) or {}).get("sync"),
         }
+        if state == "running":
+            # The node's run directory, fetched after this result, may know better: a job
+            # stopped (the gang stop after a hang) or ended since.
+            state = entry["state"] = _ended_state(node_dir) or state
         if state in _BAD:
             entry.update(failure_of(node_dir))
         hosts[host] = newer(previous.get(host), entry)
@@ -247,7 +251,15 @@ def summarize(run_dir, plan, results, marks, previous=None):
     done = [name for name, h in hosts.items() if h["state"] == "succeeded"]
     job = plan.get("job") or {}
     minimum = int(str(plan.get("nnodes") or len(hosts)).split(":", 1)[0])
-    if (job.get("rdzv") == "c10d" and bad and len(lost) == len(bad)
+    hang = hang_of(run_dir)
+    if hang and overall_hung(hosts):
+        hang["stopped"] = any(h["state"] == "stopped" for h in hosts.values())
+        overall = "hung"
+        reason = (f"no progress from any rank for {hang['quiet_for'] or hang['timeout']:g} s "
+                  f"(hang_timeout {hang['timeout']:g} s): {hang['where'] or 'no stacks read'}"
+                  + ("; the job was stopped" if hang["stopped"] else
+                     "; the job is left running (stop it with the run id)"))
+    elif (job.get("rdzv") == "c10d" and bad and len(lost) == len(bad)
             and len(done) == len(hosts) - len(lost) and len(done) >= minimum):
         # Elastic: torchrun re-formed the group without the lost nodes and finished.
         overall = "succeeded"
@@ -284,8 +296,58 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
         "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
         "timings": phase_timings(plan.get("started_at"), marks), "hosts": hosts,
-        "sync": _sync_total(hosts),
+        "sync": _sync_total(hosts), "hang": hang,
+        # The interconnect check of this run (or the measure it reused), without every node's
+        # raw result (preflight.json has those).
+        "interconnect": {k: v for k, v in (plan.get("interconnect") or {}).items()
+                         if k != "results"} or None,
     }
+
+
+def _ended_state(node_dir):
+    """The job's end as the node's collected run directory records it, or None."""
+    code = _read(os.path.join(node_dir, "exit_code")).strip()
+    if not code.lstrip("-").isdigit():
+        return None
+    if os.path.exists(os.path.join(node_dir, "stopped")):
+        return "stopped"
+    if os.path.exists(os.path.join(node_dir, "timed_out")):
+        return "timed_out"
+    return "succeeded" if int(code) == 0 else "failed"
+
+
+def overall_hung(hosts):
+    """A hung job is hung whatever its nodes say now: stopped after it, or left running."""
+    return all(h["state"] in ("running", "stopped", "lost", "unreachable")
+               for h in hosts.values())
+
+
+def hang_of(run_dir):
+    """The hang the watch declared (watch/hung.json) with where the ranks were (the newest
+    report in stacks/), or None."""
+    declared = _json(os.path.join(run_dir, "watch", "hung.json"))
+    if not declared:
+        return None
+    stacks_dir = os.path.join(run_dir, "stacks")
+    reports = sorted(f for f in (os.listdir(stacks_dir) if os.path.isdir(stacks_dir) else [])
+                     if f.endswith(".json"))
+    report = _json(os.path.join(stacks_dir, reports[-1])) if reports else None
+    return {"declared_at": declared.get("declared_at"),
+            "declared_by": declared.get("declared_by"),
+            "timeout": declared.get("timeout"), "quiet_for": declared.get("quiet_for"),
+            "stopped": None,
+            "where": (report or {}).get("summary"),
+            "odd": (report or {}).get("odd") or [],
+            "stacks": os.path.join(stacks_dir, reports[-1][:-5] + ".txt") if reports else None}
+
+
+def _json(path):
+    text = _read(path)
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _sync_total(hosts):

@@ -24,6 +24,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     terminate,
     write_atomic,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import flight_recorder_env
 
 
 class StartError(Exception):
@@ -118,10 +119,17 @@ def job_env(p, run_dir, environ):
         # Without it accelerate's multi-process mode on a node without GPUs starts every
         # process as a world of one, silently.
         launcher_env["ACCELERATE_USE_CPU"] = "1"
+    if str(p["env"].get("TORCHHERD_BACKEND")) == "nccl":
+        # Every rank keeps a record of its last collectives and dumps it when asked (stacks)
+        # or when its watchdog times out: where a hung job's ranks were in NCCL.
+        launcher_env.update(flight_recorder_env(os.path.join(run_dir, "flight_recorder")))
     env.update(launcher_env)
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({k: str(v) for k, v in p["secret_env"].items()})
-    env.update({MARKER: run_dir, "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1"})
+    # TORCHHERD_PROGRESS_FILE: a job that may stay silent for long touches it to show progress
+    # (the hang watch counts it as output).
+    env.update({MARKER: run_dir, "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1",
+                "TORCHHERD_PROGRESS_FILE": os.path.join(run_dir, "progress")})
     shown = dict(launcher_env, **{k: str(v) for k, v in p["env"].items()})
     shown.update({k: "********" for k in p["secret_env"]})
     return env, shown
@@ -131,6 +139,7 @@ def spawn(p, paths, argv, environ):
     """Writes the run directory and starts torchrun under a detached supervisor; returns the
     start time once torchrun's pid is written (or 10 s have passed)."""
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
+    os.makedirs(paths["flight_recorder"], exist_ok=True)
     env, shown = job_env(p, paths["dir"], environ)
     write_atomic(paths["cmd"], json.dumps(argv))
     write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))

@@ -169,6 +169,26 @@ options:
     description: Seconds between SIGTERM and SIGKILL when stopping.
     type: float
     default: 10
+  hang:
+    description:
+      - With O(state=waiting), watch the job for a hang as well. The wait also returns when the
+        node goes quiet (no output of any of its ranks, and no touch of the progress file, for
+        O(hang.timeout) seconds) while O(hang.quiet_since) is 0, when it shows progress after
+        the quiet spell O(hang.quiet_since) names, and when the job was declared hung (the
+        run's C(hung) file); it looks once a second.
+      - The collection's action of this module tells O(hang.quiet_since) from what the node
+        reported before, and declares the job hung once every node is quiet (RV(activity)).
+    type: dict
+    suboptions:
+      timeout:
+        description: Seconds without progress after which the node counts as quiet.
+        type: float
+        required: true
+      quiet_since:
+        description: The node's last progress (its clock) as last reported quiet; 0 when the
+          controller counts the node as active.
+        type: float
+        default: 0
   meta:
     description: Extra facts recorded in C(meta.json) (host, node_rank); returned by status.
     type: dict
@@ -326,6 +346,15 @@ last_line:
   returned: always
   type: str
   sample: "[default0]:rank 0 ok"
+activity:
+  description:
+    - With O(hang), the node's last progress (C(last), its clock, null before any), whether it
+      is C(quiet) for O(hang.timeout) seconds, and whether the job was declared C(hung).
+    - The action adds C(hang_state) (C(active), C(quiet), C(hung)) and, on the node whose wait
+      declared the hang, C(hang_declared).
+  returned: with O(state=waiting) and O(hang)
+  type: dict
+  sample: {last: 1795499931.9, quiet: true, hung: false}
 cmd:
   description: The torchrun command line (after O(wrapper), if any), as an argv list.
   returned: when O(state=started)
@@ -403,6 +432,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
+    last_activity,
     last_line,
     load_json,
     read_state,
@@ -479,17 +509,41 @@ def close_firewall(module, p):
 
 def wait(module, p, paths, timeout):
     deadline = time.monotonic() + timeout
+    hang = p["hang"]
     while True:
         left = deadline - time.monotonic()
         state = read_state(paths)["state"]
         if left <= 0 or state != "running":
             break
-        sleep_until_gone(paths, min(left, 30.0))
+        if hang and _quiet_changed(paths, hang):
+            break
+        # Watching for a hang looks at the node's output every second (a stat or two).
+        sleep_until_gone(paths, min(left, 1.0 if hang else 30.0))
+    extra = {}
+    if hang:
+        last = last_activity(paths)
+        extra["activity"] = {"last": last, "quiet": last is not None
+                             and time.time() - last >= hang["timeout"],
+                             "hung": os.path.exists(paths["hung"])}
     # Once the job has ended here, its rules go in this same call (no teardown round trip).
     if p["firewall"] is not None and state != "running" and not module.check_mode:
         closed = close_firewall(module, p)
-        report(module, paths, changed=closed["changed"], firewall=closed)
-    report(module, paths)
+        report(module, paths, changed=closed["changed"], firewall=closed, **extra)
+    report(module, paths, **extra)
+
+
+def _quiet_changed(paths, hang):
+    """Whether the wait must return for the hang watch: the node went quiet (no output for
+    hang.timeout s) while the controller thinks it active, or made progress since the quiet
+    spell the controller knows of (hang.quiet_since), or the job was declared hung."""
+    if os.path.exists(paths["hung"]):
+        return True
+    last = last_activity(paths)
+    if last is None:
+        return False
+    if hang["quiet_since"]:
+        return last > hang["quiet_since"]
+    return time.time() - last >= hang["timeout"]
 
 
 def stop(module, p, paths):
@@ -544,6 +598,10 @@ def main():
                 source=dict(type="str", default=""),
             )),
             firewall=dict(type="dict", options=dict(RULE_OPTIONS)),
+            hang=dict(type="dict", options=dict(
+                timeout=dict(type="float", required=True),
+                quiet_since=dict(type="float", default=0),
+            )),
         ),
         supports_check_mode=True,
     )

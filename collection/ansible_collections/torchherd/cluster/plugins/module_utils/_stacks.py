@@ -1,0 +1,180 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Where every rank of a job is, read from outside: the Python stack of each of the job's
+processes on this node (py-spy, which reads another process's memory without stopping it), and
+on NCCL the Flight Recorder's record of the collectives, which each rank dumps when asked
+through its pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE; the start sets it up for NCCL jobs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import job_pids
+
+# What the start exports for NCCL jobs (a user's own value wins): a record of the last
+# collectives in every rank, dumped on a watchdog timeout and on demand through a pipe.
+FLIGHT_RECORDER_BUFFER = "2000"
+
+
+def flight_recorder_env(directory):
+    """The environment that makes every NCCL rank keep a Flight Recorder and dump it into
+    `directory` (rank_<N>) when its pipe (pipe_<N>.pipe) is written to or its watchdog times out.
+    Both the older and newer names of the dump prefix are set; each torch reads its own."""
+    prefix = os.path.join(directory, "rank_")
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER,
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(directory, "pipe_")}
+
+
+class StacksError(Exception):
+    """Why no stack can be read on this node at all."""
+
+
+def find_py_spy(python):
+    """py-spy next to the job's interpreter (a venv's bin), else on PATH."""
+    if python:
+        beside = os.path.join(os.path.dirname(python), "py-spy")
+        if os.access(beside, os.X_OK):
+            return beside
+    found = shutil.which("py-spy")
+    if not found:
+        raise StacksError(
+            f"py-spy not found next to {python or 'the job interpreter'} or on PATH; fix: "
+            f"pip install py-spy into the job's environment on every node (a static binary, "
+            f"no build)")
+    return found
+
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read().split(b"\0")
+    except OSError:
+        return None
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def _parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def processes(run_dir):
+    """The job's processes here: pid, its rank and local rank from its environment, and its
+    role - C(rank) (a rank's own process), C(child) (a process a rank started, e.g. a data
+    loader worker, which inherits the rank's environment) or C(launcher) (torchrun, accelerate,
+    DeepSpeed's launcher, without a rank)."""
+    found = []
+    pids = job_pids(run_dir)
+    envs = {pid: _environ(pid) or {} for pid in pids}
+    for pid in pids:
+        env = envs[pid]
+        rank = env.get("RANK")
+        parent = _parent(pid)
+        if rank is None:
+            role = "launcher"
+        elif parent in envs and envs[parent].get("RANK") == rank:
+            role = "child"
+        else:
+            role = "rank"
+        found.append({"pid": pid, "rank": int(rank) if rank and rank.isdigit() else None,
+                      "local_rank": int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit()
+                      else None, "role": role, "cmdline": _cmdline(pid)[:8],
+                      "pipe": env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"),
+                      "dump": env.get("TORCH_FR_DUMP_TEMP_FILE")
+                      or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")})
+    return found
+
+
+def dump(py_spy, pid, timeout=15.0):
+    """(threads, error) of one process: py-spy's JSON (threads with frames, innermost first)."""
+    argv = [py_spy, "dump", "--pid", str(pid), "--json", "--nonblocking"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy took more than {timeout:g} s"
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        error = " ".join(lines[:2]) or f"py-spy exit code {proc.returncode}"
+        if "Permission" in error:
+            error += (" (py-spy needs to read the process's memory: run as the job's user, or "
+                      "as root where kernel.yama.ptrace_scope is 1 or more)")
+        return None, error[:500]
+    try:
+        threads = json.loads(proc.stdout)
+    except ValueError:
+        return None, "py-spy printed no JSON"
+    return [{"thread_id": t.get("os_thread_id"), "name": t.get("thread_name"),
+             "main": t.get("os_thread_id") == pid, "active": t.get("active"),
+             "frames": [{"name": f.get("name"), "file": f.get("filename"),
+                         "line": f.get("line")} for f in t.get("frames") or []]}
+            for t in threads], None
+
+
+def _is_fifo(path):
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def ask_flight_recorder(procs, wait):
+    """Writes to the Flight Recorder pipe of every rank that has one and waits up to `wait`
+    seconds for its dump; the dumps found (they are in the run directory, which collect brings
+    back), and the ranks that did not answer."""
+    asked = {}
+    for proc in procs:
+        if proc["role"] != "rank" or not proc["pipe"] or proc["rank"] is None:
+            continue
+        pipe = f"{proc['pipe']}{proc['rank']}.pipe"
+        if not _is_fifo(pipe):
+            continue
+        try:
+            # Non-blocking: a rank whose watchdog no longer reads its pipe must not hang us.
+            handle = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(handle, b"1\n")
+            finally:
+                os.close(handle)
+        except OSError:
+            continue
+        asked[proc["rank"]] = f"{proc['dump'] or ''}{proc['rank']}"
+    deadline = time.monotonic() + wait
+    while asked and time.monotonic() < deadline and \
+            not all(os.path.exists(path) for path in asked.values()):
+        time.sleep(0.2)
+    return ({rank: path for rank, path in asked.items() if os.path.exists(path)},
+            sorted(rank for rank, path in asked.items() if not os.path.exists(path)))
+
+
+def collect(run_dir, python, flight_recorder_wait=10.0):
+    """Every process of the job here with its stack; raises StacksError without py-spy."""
+    procs = processes(run_dir)
+    if not procs:
+        return {"processes": [], "flight_recorder": {}, "flight_recorder_missing": []}
+    py_spy = find_py_spy(python)
+    # Python processes only: a launcher may be a shell (srun, a wrapper) that py-spy cannot read.
+    with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
+        dumps = list(pool.map(lambda proc: dump(py_spy, proc["pid"]), procs))
+    for proc, (threads, error) in zip(procs, dumps):
+        proc.update(threads=threads, error=error)
+    dumps, missing = ask_flight_recorder(procs, flight_recorder_wait)
+    return {"processes": procs, "flight_recorder": dumps, "flight_recorder_missing": missing}

@@ -1,0 +1,156 @@
+#!/usr/bin/python
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: job_stacks
+author: torchherd developers (!UNKNOWN)
+version_added: 0.2.0
+short_description: Read the Python stack of every process of a job on one node
+description:
+  - Finds the job's processes on this node by the run's marker in their environment (as stop
+    does), tells each one's C(RANK) and C(LOCAL_RANK) from its environment, and reads every
+    thread's Python stack with C(py-spy dump --nonblocking), which neither stops nor changes
+    the process. The job goes on running.
+  - py-spy must be installed on the node, next to the job's interpreter (a venv's C(bin)) or on
+    C(PATH) (C(pip install py-spy)). It reads another process's memory, which the kernel allows
+    for the process's own user unless C(kernel.yama.ptrace_scope) is 1 or more (then root).
+  - Where a rank runs NCCL with a Flight Recorder pipe (C(TORCH_NCCL_DEBUG_INFO_PIPE_FILE), which
+    the collection's start sets up for NCCL jobs), the rank is asked for its dump through the
+    pipe; the dumps land in the run directory's C(flight_recorder/) (collect brings them back).
+  - With O(mark_hung), writes the run's C(hung) file first, which ends every node's hang watch.
+extends_documentation_fragment:
+  - torchherd.cluster._attributes
+attributes:
+  check_mode:
+    support: full
+    details: In check mode nothing is read or written; the processes are listed.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: Reading stacks changes nothing; O(mark_hung) writes the same file again.
+options:
+  run_id:
+    description: Run id of the job.
+    type: str
+    required: true
+  root:
+    description: torchherd's directory on the node; the run lives in C(<root>/runs/<run_id>).
+    type: path
+    required: true
+  python:
+    description: The job's interpreter; py-spy is looked for next to it first.
+    type: str
+    default: ""
+  mark_hung:
+    description: Write the run's C(hung) file (the job was declared hung).
+    type: bool
+    default: false
+  flight_recorder_wait:
+    description: Seconds to wait for the Flight Recorder dumps asked for.
+    type: float
+    default: 10
+"""
+
+EXAMPLES = r"""
+- name: Read every rank's stack on this node
+  torchherd.cluster.job_stacks:
+    run_id: demo-1
+    root: ~/.torchherd
+  register: stacks
+"""
+
+RETURN = r"""
+processes:
+  description:
+    - The job's processes here, each with C(pid), C(rank) and C(local_rank) (null for the
+      launcher), C(role) (C(rank), C(child) for a process a rank started, such as a data loader
+      worker, C(launcher)), C(cmdline), C(threads) and C(error).
+    - A thread has C(thread_id), C(name), C(main) (the process's main thread), C(active) and
+      C(frames), innermost first, each with C(name) (the function), C(file) and C(line).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - pid: 4242
+      rank: 3
+      local_rank: 1
+      role: rank
+      cmdline: [/usr/bin/python3, -u, train.py]
+      error: null
+      threads:
+        - {thread_id: 4242, name: MainThread, main: true, active: false,
+           frames: [{name: stall, file: /root/code/train.py, line: 12}]}
+flight_recorder:
+  description: Rank to the path of its Flight Recorder dump on this node (NCCL ranks only).
+  returned: always
+  type: dict
+  sample: {"3": /root/.torchherd/runs/demo-1/flight_recorder/rank_3}
+flight_recorder_missing:
+  description: Ranks asked for a Flight Recorder dump that wrote none in time.
+  returned: always
+  type: list
+  elements: int
+  sample: []
+error:
+  description: Why no stack could be read here (no py-spy); null otherwise.
+  returned: always
+  type: str
+  sample: null
+checked_at:
+  description: The node's time when the stacks were read.
+  returned: always
+  type: float
+  sample: 1795499931.9
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    run_paths,
+    write_atomic,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import (
+    StacksError,
+    collect,
+    processes,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            run_id=dict(type="str", required=True),
+            root=dict(type="path", required=True),
+            python=dict(type="str", default=""),
+            mark_hung=dict(type="bool", default=False),
+            flight_recorder_wait=dict(type="float", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    paths = run_paths(p["root"], p["run_id"])
+    empty = {"flight_recorder": {}, "flight_recorder_missing": [], "error": None}
+    if module.check_mode:
+        module.exit_json(changed=False, processes=processes(paths["dir"]),
+                         checked_at=time.time(), **empty)
+    changed = False
+    if p["mark_hung"] and os.path.isdir(paths["dir"]):
+        write_atomic(paths["hung"], f"{time.time()}\n")
+        changed = True
+    try:
+        found = collect(paths["dir"], p["python"], p["flight_recorder_wait"])
+    except StacksError as exc:
+        module.exit_json(changed=changed, processes=processes(paths["dir"]),
+                         checked_at=time.time(), **dict(empty, error=str(exc)))
+    module.exit_json(changed=changed, error=None, checked_at=time.time(), **found)
+
+
+if __name__ == "__main__":
+    main()
