@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,15 +60,23 @@ TIMED = [k for k in CALLS if k != "warmup"]
 
 
 class Recorder:
-    """ansible-runner events of one call: the interconnect module's result on every node."""
+    """ansible-runner events of one call: the interconnect module's result on every node, and
+    task and play starts in `events` (the format bench/run.py's task_times reads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: Path) -> None:
         self.module: dict[str, dict] = {}
+        self.events = events.open("w")
 
     def __call__(self, event: dict) -> None:
-        if event.get("event") not in ("runner_on_ok", "runner_on_failed"):
-            return
+        kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if kind in ("playbook_on_task_start", "playbook_on_play_start", "playbook_on_stats"):
+            stamp = datetime.fromisoformat(event["created"]).timestamp() \
+                if event.get("created") else time.time()
+            name = data.get("task") or data.get("play") or ""
+            self.events.write(json.dumps({"t": stamp, "event": kind, "name": name}) + "\n")
+        if kind not in ("runner_on_ok", "runner_on_failed"):
+            return
         if data.get("task") != MEASURE_TASK:
             return
         res = data.get("res") or {}
@@ -80,11 +89,13 @@ def measure(key: str, cluster: testbed.Cluster, work: Path) -> dict:
     action, extra = CALLS[key]
     job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1,
            **extra}
-    rec = Recorder()
+    events = work / f"events-{key}-{time.time():.0f}.jsonl"
+    rec = Recorder(events)
     call = api.verify if action == "verify" else api.launch
     t0 = time.monotonic()
     result = call(job, cluster.inventory, runs_dir=work / "runs", on_event=rec)
     wall = time.monotonic() - t0
+    rec.events.close()
     out = {"call": key, "ok": bool(result.ok), "wall_s": wall, "run_id": result.run_id,
            "reason": None if result.ok else result.reason}
     gate = (read_json(result.run_dir / "preflight.json") or {}).get("gate") or {}
@@ -101,7 +112,8 @@ def measure(key: str, cluster: testbed.Cluster, work: Path) -> dict:
                        if m["seconds"] is not None}
             out["seconds_from"] = "events"
         ar = ic.get("allreduce") or {}
-        out.update(ic_ok=ic.get("ok"), reused=ic.get("reused"), busbw=ar.get("busbw"),
+        out.update(ic_ok=ic.get("ok"), threshold_gbps=ic.get("threshold_gbps"),
+                   reused=ic.get("reused"), busbw=ar.get("busbw"),
                    algbw=ar.get("algbw"), latency_us=ar.get("latency_us"),
                    bytes=ar.get("bytes"), pairs=ic.get("pairs"), node_seconds=seconds,
                    module_s=max(seconds.values()) if seconds else None,
@@ -109,6 +121,7 @@ def measure(key: str, cluster: testbed.Cluster, work: Path) -> dict:
                    if rec.module else None)
     if result.timings:
         out["timings"] = result.timings
+    out["tasks"] = base.task_times(events)
     return out
 
 

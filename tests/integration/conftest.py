@@ -56,6 +56,17 @@ def cluster3(node_image: str) -> Iterator[testbed.Cluster]:
         testbed.down(cluster.name)
 
 
+@pytest.fixture(scope="session")
+def uneven(node_image: str) -> Iterator[testbed.Cluster]:
+    """Three nodes on two networks (SSH on one, the job on the other, interface names that
+    differ per node); node2 without IPv6. Shared by the session: tests must leave the nodes
+    healthy (no job left, no link throttled)."""
+    with testbed.reserve("uneven"):
+        cluster = testbed.up("uneven", 3, data_network=True, no_ipv6=[2])
+        yield cluster
+        testbed.down(cluster.name)
+
+
 @pytest.fixture
 def make_cluster(node_image: str) -> Iterator[MakeCluster]:
     """Factory for a test's own cluster: make_cluster(name, n, extra=()); removed afterwards."""

@@ -39,17 +39,6 @@ def no_job_left(cluster):
         assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == [], node.name
 
 
-@pytest.fixture(scope="module")
-def uneven(node_image):
-    """Three nodes on two networks; node2 without IPv6."""
-    from tests.cluster import testbed
-
-    with testbed.reserve("uneven"):
-        cluster = testbed.up("uneven", 3, data_network=True, no_ipv6=[2])
-        yield cluster
-        testbed.down(cluster.name)
-
-
 def test_interfaces_are_chosen_per_node_and_proved(uneven, tmp_path):
     """Every node's data interface has another name; the management network drops all but
     SSH, so a job on the wrong interface could not run."""

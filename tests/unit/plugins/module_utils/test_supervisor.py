@@ -254,3 +254,17 @@ def test_stop_leaves_no_process_of_the_job(tmp_path):
     assert len(killed) == 2
     assert not job_pids(paths["dir"])
     assert ended(paths)["state"] == "stopped"
+
+
+def test_nccl_jobs_keep_a_flight_recorder_the_users_settings_win():
+    env, shown = job_env(params(env={"TORCHHERD_BACKEND": "nccl"}), "/srv/th/runs/r1", {})
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/srv/th/runs/r1/flight_recorder/pipe_"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/srv/th/runs/r1/flight_recorder/rank_"
+    assert shown["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    env, _shown = job_env(params(env={"TORCHHERD_BACKEND": "nccl",
+                                      "TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}), "/d", {})
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0"
+    env, _shown = job_env(params(env={"TORCHHERD_BACKEND": "gloo"}), "/d", {})
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
+    assert env["TORCHHERD_PROGRESS_FILE"] == "/d/progress"

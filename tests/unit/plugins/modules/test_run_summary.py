@@ -193,3 +193,40 @@ def test_a_launcher_without_per_rank_files_names_the_rank_from_the_prefixes(tmp_
     assert found["failing_rank"] == 3
     assert found["exception"] == "RuntimeError: injected failure on rank 3"
     assert "deepspeed_step.py\", line 56" in found["traceback"]
+
+
+def declare_hang(tmp_path, declared_at, where="rank 3 on n1 in stall (t.py:9)"):
+    (tmp_path / "watch").mkdir()
+    (tmp_path / "watch" / "hung.json").write_text(
+        f'{{"declared_at": {declared_at}, "declared_by": "n0", "timeout": 25, "quiet_for": 26}}')
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "20261124-060951.json").write_text(
+        f'{{"summary": "{where}", "odd": [{{"rank": 3, "host": "n1"}}]}}')
+
+
+def test_a_hung_job_stays_hung_after_the_stop_that_made_its_ranks_fail(tmp_path):
+    declare_hang(tmp_path, 100.0)
+    results = {"n0": {"job_state": "stopped", "exit_code": -15, "ended_at": 101.0},
+               "n1": {"job_state": "stopped", "exit_code": -15, "ended_at": 101.5},
+               "n2": {"job_state": "failed", "exit_code": 1, "ended_at": 101.2}}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["state"] == "hung"
+    assert s["reason"].startswith("no progress from any rank for 26 s (hang_timeout 25 s): "
+                                  "rank 3 on n1 in stall (t.py:9)")
+    assert s["hang"]["stopped"] and s["hang"]["odd"] == [{"rank": 3, "host": "n1"}]
+    assert s["hang"]["stacks"].endswith("stacks/20261124-060951.txt")
+
+
+def test_a_failure_before_the_hang_was_declared_is_the_cause(tmp_path):
+    declare_hang(tmp_path, 100.0)
+    results = {"n0": {"job_state": "failed", "exit_code": 1, "ended_at": 99.0},
+               "n1": {"job_state": "stopped", "exit_code": -15, "ended_at": 101.0},
+               "n2": {"job_state": "stopped", "exit_code": -15, "ended_at": 101.0}}
+    assert summarize(str(tmp_path), plan(), results, {})["state"] == "failed"
+
+
+def test_a_kept_hung_job_is_hung_and_running(tmp_path):
+    declare_hang(tmp_path, 100.0)
+    results = {h: {"job_state": "running"} for h in ("n0", "n1", "n2")}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["state"] == "hung" and "left running" in s["reason"] and not s["hang"]["stopped"]

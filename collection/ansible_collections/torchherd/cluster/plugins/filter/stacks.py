@@ -133,7 +133,9 @@ def _summary(report):
                         + (f" from {r['own']}" if r["own"] and r["own"] != r["where"] else "")
                         for r in report["odd"])
         main = report["groups"][0]
-        return f"{odd}; the other {len(main['ranks'])} ranks in {main['where']}"
+        own = next((r["own"] for r in report["ranks"] if r["where"] == main["where"]), None)
+        return (f"{odd}; the other {len(main['ranks'])} ranks in {main['where']}"
+                + (f" from {own}" if own and own != main["where"] else ""))
     if len(report["groups"]) == 1:
         return f"all {len(ranks)} ranks in {report['groups'][0]['where']}"
     return "ranks in " + "; ".join(f"{g['where']}: ranks {_ranks(g['ranks'])}"

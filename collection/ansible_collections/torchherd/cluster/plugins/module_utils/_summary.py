@@ -252,8 +252,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
     job = plan.get("job") or {}
     minimum = int(str(plan.get("nnodes") or len(hosts)).split(":", 1)[0])
     hang = hang_of(run_dir)
-    if hang and overall_hung(hosts):
-        hang["stopped"] = any(h["state"] == "stopped" for h in hosts.values())
+    if hang and overall_hung(hosts, hang["declared_at"]):
+        hang["stopped"] = not any(h["state"] == "running" for h in hosts.values())
         overall = "hung"
         reason = (f"no progress from any rank for {hang['quiet_for'] or hang['timeout']:g} s "
                   f"(hang_timeout {hang['timeout']:g} s): {hang['where'] or 'no stacks read'}"
@@ -316,10 +316,15 @@ def _ended_state(node_dir):
     return "succeeded" if int(code) == 0 else "failed"
 
 
-def overall_hung(hosts):
-    """A hung job is hung whatever its nodes say now: stopped after it, or left running."""
-    return all(h["state"] in ("running", "stopped", "lost", "unreachable")
-               for h in hosts.values())
+def overall_hung(hosts, declared_at):
+    """A job declared hung stays hung whatever its nodes say after (stopped, left running, or
+    failed as the stop of their peers closed their connections), unless it succeeded on every
+    node or a node had failed before the hang was declared (then that failure is the cause)."""
+    if all(h["state"] == "succeeded" for h in hosts.values()):
+        return False
+    return not any(h["state"] in _BAD and h.get("ended_at") is not None
+                   and declared_at is not None and h["ended_at"] < declared_at
+                   for h in hosts.values())
 
 
 def hang_of(run_dir):
