@@ -423,8 +423,8 @@ def _interconnect(hosts, hostvars, job, facts):
         for host in hosts:
             found = hostvars.get(host, {}).get("torchherd_interconnect")
             if isinstance(found, dict) and not found.get("skipped"):
-                results[host] = {k: found.get(k) for k in ("allreduce", "pairs", "error",
-                                                             "seconds")}
+                keys = ("allreduce", "pairs", "error", "seconds")
+                results[host] = {k: found.get(k) for k in keys}
                 if not found.get("allreduce") and not found.get("error"):
                     results[host]["error"] = str(found.get("msg") or "no result")[:300]
         if not results:

@@ -9,6 +9,7 @@ never disagree:
 - `measure` runs in the job's interpreter, one process per rank (the interconnect module passes
   this file's source to `python -c`), so this file imports nothing but the standard library at
   its top, and torch inside `measure`; it runs on Python 3.8.
+- `run` starts this node's ranks and waits for them (the interconnect module calls it).
 - `rounds`, `bus_factor` and `judge` are pure; the gate calls `judge` on the controller.
 
 Units: bandwidth in GB/s (1e9 bytes per second), as nccl-tests prints it; link speeds as the
@@ -17,8 +18,11 @@ kernel reports them (/sys/class/net/<if>/speed, Mb/s).
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -49,7 +53,7 @@ def _timed(step, sync, iterations, stop=None):
     step()
     sync()
     times = []
-    for _ in range(iterations):
+    for _iteration in range(iterations):
         begin = time.perf_counter()
         step()
         sync()
@@ -142,6 +146,66 @@ def _main():  # pragma: no cover - the entry point of `python -c`
         out = {"rank": spec.get("rank"), "error": f"{type(exc).__name__}: {exc}"[:2000]}
     sys.stdout.write("\n" + json.dumps(out) + "\n")
     sys.stdout.flush()
+
+
+def run(p):
+    """Starts this node's ranks (the interconnect module's parameters p) and waits for them;
+    the result of its first rank."""
+    procs = p["node_procs"]
+    first = sum(procs[:p["node_rank"]])
+    leaders = [sum(procs[:i]) for i in range(len(procs))]
+    # This file's own source: each rank runs it with the job interpreter.
+    source = inspect.getsource(sys.modules[__name__])
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith("ANSIBLE_")]:
+        del env[key]
+    if p["interface"]:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = p["interface"]
+    started = time.monotonic()
+    children = []
+    for local in range(procs[p["node_rank"]]):
+        spec = {"rank": first + local, "local_rank": local, "world_size": sum(procs),
+                "node_rank": p["node_rank"], "leaders": leaders, "backend": p["backend"],
+                "master": f"{p['master_addr']}:{p['master_port']}", "timeout": p["timeout"],
+                "bytes": p["bytes"], "iterations": p["iterations"],
+                "latency_iterations": p["latency_iterations"], "budget": p["budget"],
+                "pairs": p["pairs"], "pair_bytes": p["pair_bytes"],
+                "pair_iterations": p["pair_iterations"]}
+        children.append(subprocess.Popen(
+            [p["python"] or sys.executable, "-c", source, json.dumps(spec)], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    answers = []
+    deadline = started + 2 * p["timeout"]
+    for child in children:
+        try:
+            out, err = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+            answers.append({"error": f"no result within {2 * p['timeout']:g} s (a peer that "
+                                     f"never joined, or a collective that never completed)"})
+            continue
+        answers.append(_answer(out, err, child.returncode))
+    result = {"allreduce": None, "pairs": [], "error": None,
+              "seconds": round(time.monotonic() - started, 3)}
+    errors = [f"rank {first + i}: {a['error']}" for i, a in enumerate(answers) if a.get("error")]
+    if errors:
+        result["error"] = "; ".join(errors)
+        return result
+    mine = answers[0]
+    result["allreduce"] = {k: mine[k] for k in
+                           ("busbw", "algbw", "latency_us", "bytes", "iterations", "world_size")}
+    result["pairs"] = mine["pairs"]
+    return result
+
+
+def _answer(out, err, code):
+    """One rank's JSON line, or its error from what it printed."""
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+        return {"error": (lines[-1] if lines else f"exit code {code}")[:2000]}
 
 
 def judge(hosts, results, min_busbw=0.0, min_link_share=0.0, link_speeds=None):

@@ -17,7 +17,7 @@ description:
     (RV(allreduce.busbw), bus bandwidth as nccl-tests defines it, algorithm bandwidth times
     2(n-1)/n). Then, unless O(pairs=false), the first process of every node exchanges
     O(pair_bytes) both ways with every other node's, in rounds where each node meets one
-    other, and reports each exchange in RV(pairs): a node whose own link is slow is slow with
+    other, and reports each exchange in RV(pairs); a node whose own link is slow is slow with
     every peer, a bad link between two nodes with one.
   - torch only, no MPI and no nccl-tests build. A slow link cannot make it take minutes, the
     all-reduces stop after O(budget) seconds; a node that does not join ends it after
@@ -155,74 +155,9 @@ seconds:
   sample: 4.2
 """
 
-import inspect
-import json
-import os
-import subprocess
-import sys
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils import _interconnect
-
-
-def run(p):
-    """Starts this node's ranks and waits for them; the result of its first rank."""
-    procs = p["node_procs"]
-    first = sum(procs[:p["node_rank"]])
-    leaders = [sum(procs[:i]) for i in range(len(procs))]
-    source = inspect.getsource(_interconnect)
-    env = dict(os.environ)
-    for key in [k for k in env if k.startswith("ANSIBLE_")]:
-        del env[key]
-    if p["interface"]:
-        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = p["interface"]
-    started = time.monotonic()
-    children = []
-    for local in range(procs[p["node_rank"]]):
-        spec = {"rank": first + local, "local_rank": local, "world_size": sum(procs),
-                "node_rank": p["node_rank"], "leaders": leaders, "backend": p["backend"],
-                "master": f"{p['master_addr']}:{p['master_port']}", "timeout": p["timeout"],
-                "bytes": p["bytes"], "iterations": p["iterations"],
-                "latency_iterations": p["latency_iterations"], "budget": p["budget"],
-                "pairs": p["pairs"], "pair_bytes": p["pair_bytes"],
-                "pair_iterations": p["pair_iterations"]}
-        children.append(subprocess.Popen(
-            [p["python"] or sys.executable, "-c", source, json.dumps(spec)], env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    answers = []
-    deadline = started + 2 * p["timeout"]
-    for child in children:
-        try:
-            out, err = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            out, err = child.communicate()
-            answers.append({"error": f"no result within {2 * p['timeout']:g} s (a peer that "
-                                     f"never joined, or a collective that never completed)"})
-            continue
-        answers.append(_answer(out, err, child.returncode))
-    result = {"allreduce": None, "pairs": [], "error": None,
-              "seconds": round(time.monotonic() - started, 3)}
-    errors = [f"rank {first + i}: {a['error']}" for i, a in enumerate(answers) if a.get("error")]
-    if errors:
-        result["error"] = "; ".join(errors)
-        return result
-    mine = answers[0]
-    result["allreduce"] = {k: mine[k] for k in
-                           ("busbw", "algbw", "latency_us", "bytes", "iterations", "world_size")}
-    result["pairs"] = mine["pairs"]
-    return result
-
-
-def _answer(out, err, code):
-    """One rank's JSON line, or its error from what it printed."""
-    try:
-        return json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
-        return {"error": (lines[-1] if lines else f"exit code {code}")[:2000]}
+from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect import run
 
 
 def main():

@@ -136,10 +136,9 @@ def main():
     )
     p = module.params
     paths = run_paths(p["root"], p["run_id"])
-    empty = {"flight_recorder": {}, "flight_recorder_missing": [], "error": None}
     if module.check_mode:
-        module.exit_json(changed=False, processes=processes(paths["dir"]),
-                         checked_at=time.time(), **empty)
+        module.exit_json(changed=False, processes=processes(paths["dir"]), flight_recorder={},
+                         flight_recorder_missing=[], error=None, checked_at=time.time())
     changed = False
     if p["mark_hung"] and os.path.isdir(paths["dir"]):
         write_atomic(paths["hung"], f"{time.time()}\n")
@@ -147,8 +146,8 @@ def main():
     try:
         found = collect(paths["dir"], p["python"], p["flight_recorder_wait"])
     except StacksError as exc:
-        module.exit_json(changed=changed, processes=processes(paths["dir"]),
-                         checked_at=time.time(), **dict(empty, error=str(exc)))
+        module.exit_json(changed=changed, processes=processes(paths["dir"]), flight_recorder={},
+                         flight_recorder_missing=[], error=str(exc), checked_at=time.time())
     module.exit_json(changed=changed, error=None, checked_at=time.time(), **found)
 
 
