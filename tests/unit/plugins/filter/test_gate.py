@@ -268,3 +268,29 @@ def test_a_launcher_must_be_installed_on_every_node_in_the_same_version():
     assert missing["found"] == "not installed" and "pip install accelerate" in missing["fix"]
     # torchrun needs neither; facts of older nodes (no launchers) are fine for it.
     assert gate(*make(nodes))["ok"] and gate(*make({"a": cpu("a")}))["ok"]
+
+
+def test_a_hang_watch_needs_py_spy_on_every_node():
+    with_py_spy = dict(cpu("b"), py_spy="/usr/local/bin/py-spy")
+    verdict = gate(*make({"a": cpu("a"), "b": with_py_spy}, hang_timeout=600))
+    assert checks(verdict) == [("a", "py-spy")]
+    assert "pip install py-spy" in verdict["problems"][0]["fix"]
+    assert gate(*make({"a": cpu("a"), "b": cpu("b")}))["ok"]
+
+
+def test_the_interconnect_verdict_joins_the_gate_with_every_nodes_result():
+    hosts, hostvars, p = make({"a": cpu("a"), "b": cpu("b"), "c": cpu("c")},
+                              interconnect_min_busbw=0.05)
+    fast = {"busbw": 0.001, "algbw": 0.001, "latency_us": 900.0, "bytes": 8 << 20,
+            "world_size": 3, "iterations": 2}
+    pairs = {"a": [{"peer": 1, "gbps": 1.0}, {"peer": 2, "gbps": 0.002}],
+             "b": [{"peer": 0, "gbps": 1.0}, {"peer": 2, "gbps": 0.002}],
+             "c": [{"peer": 0, "gbps": 0.002}, {"peer": 1, "gbps": 0.002}]}
+    for host in hosts:
+        hostvars[host]["torchherd_interconnect"] = {"allreduce": fast, "pairs": pairs[host],
+                                                    "error": None, "seconds": 3.0}
+    verdict = gate(hosts, hostvars, p)
+    assert checks(verdict) == [("c", "interconnect")]
+    assert verdict["interconnect"]["slow_nodes"] == ["c"]
+    assert verdict["interconnect"]["results"]["a"]["seconds"] == 3.0
+    assert "interconnect: all-reduce bus bandwidth 0.001 GB/s" in verdict["table"]

@@ -202,6 +202,12 @@ def gate(hosts, hostvars, plan, match=None):
         if not f.get("rsync"):
             problems.append(_problem(host, "rsync", "rsync on the node", "not found",
                                      "install rsync on the node (apt-get install rsync)"))
+        if job.get("hang_timeout") and not f.get("py_spy"):
+            problems.append(_problem(
+                host, "py-spy", f"py-spy next to {py.get('path')} or on PATH, to read every "
+                f"rank's stack once the job hangs (hang_timeout {job['hang_timeout']} s)",
+                "not found", f"{py.get('path')} -m pip install py-spy on the node (a static "
+                "binary, no build), or leave hang_timeout at 0"))
         if f.get("disk_free_bytes", MIN_FREE_BYTES) < MIN_FREE_BYTES:
             problems.append(_problem(host, "disk", f">= {_fmt_bytes(MIN_FREE_BYTES)} free at "
                                      f"{f.get('root')}", _fmt_bytes(f["disk_free_bytes"]),

@@ -136,6 +136,10 @@ def _summary(report):
         own = next((r["own"] for r in report["ranks"] if r["where"] == main["where"]), None)
         return (f"{odd}; the other {len(main['ranks'])} ranks in {main['where']}"
                 + (f" from {own}" if own and own != main["where"] else ""))
+    if not report["groups"]:
+        return f"no stack of the {len(ranks)} ranks could be read" + (
+            f" ({'; '.join(f'{h}: {e}' for h, e in report['errors'].items())})"
+            if report["errors"] else "")
     if len(report["groups"]) == 1:
         return f"all {len(ranks)} ranks in {report['groups'][0]['where']}"
     return "ranks in " + "; ".join(f"{g['where']}: ranks {_ranks(g['ranks'])}"

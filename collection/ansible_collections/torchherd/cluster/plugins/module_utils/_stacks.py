@@ -37,13 +37,18 @@ class StacksError(Exception):
     """Why no stack can be read on this node at all."""
 
 
-def find_py_spy(python):
-    """py-spy next to the job's interpreter (a venv's bin), else on PATH."""
+def py_spy_path(python):
+    """py-spy next to the job's interpreter (a venv's bin), else on PATH; None without one."""
     if python:
         beside = os.path.join(os.path.dirname(python), "py-spy")
         if os.access(beside, os.X_OK):
             return beside
-    found = shutil.which("py-spy")
+    return shutil.which("py-spy")
+
+
+def find_py_spy(python):
+    """py_spy_path, or StacksError with the fix."""
+    found = py_spy_path(python)
     if not found:
         raise StacksError(
             f"py-spy not found next to {python or 'the job interpreter'} or on PATH; fix: "

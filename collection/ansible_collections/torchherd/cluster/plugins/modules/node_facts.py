@@ -168,6 +168,12 @@ disk_free_bytes:
   returned: always
   type: int
   sample: 52428800000
+py_spy:
+  description: Path of py-spy next to the job's interpreter or on C(PATH) (what reads the ranks'
+    stacks after a hang), null when missing.
+  returned: always
+  type: str
+  sample: /opt/venv/bin/py-spy
 rsync:
   description: Path of rsync on the node, null when missing.
   returned: always
@@ -199,6 +205,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import py_spy_path
 
 # Printed as one JSON line by the job interpreter; stays importable on Python 3.8+.
 TORCH_PROBE = r"""
@@ -405,6 +412,7 @@ def main():
         port_free=port_free(p["port"]) if p["port"] else None,
         disk_free_bytes=free_disk(root),
         rsync=shutil.which("rsync"),
+        py_spy=py_spy_path(python),
         code_hash=code_hash,
         running_jobs=all_runs_with_processes(),
     )
