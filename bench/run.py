@@ -24,6 +24,8 @@ Writes docs/benchmark.md, docs/benchmark.png and bench/results/*.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -40,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cost  # noqa: E402  bench/cost.py, next to this file
 
 from driver.spec import job_options  # noqa: E402
 from tests.cluster import testbed  # noqa: E402
@@ -128,8 +133,36 @@ def init_time(text: str) -> float | None:
     return max(stamps) if stamps else None
 
 
-def measure_shell(method: str, cluster: testbed.Cluster, port: int) -> dict:
+def probe_start(ctx: dict | None) -> dict | None:
+    """Before a launch: the nodes' CPU counters, and the controller's memory sampler."""
+    if ctx is None:
+        return None
+    sampler = cost.TreeSampler(os.getpid(), str(CP_DIR))
+    state = {"sampler": sampler, "nodes0": cost.node_cpu(ctx["cgroups"]),
+             "t0": time.monotonic()}
+    sampler.start()
+    return state
+
+
+def probe_end(ctx: dict | None, state: dict | None, r: dict) -> None:
+    """After a launch: peak controller memory, and each node's CPU-seconds over the launch less
+    what the idle node used in as long (ctx["idle"]: CPU-s per second, measured per node)."""
+    if state is None or ctx is None:
+        return
+    after = cost.node_cpu(ctx["cgroups"])
+    span = time.monotonic() - state["t0"]
+    mem = state["sampler"].result()
+    raw = cost.cpu_delta(state["nodes0"], after)
+    node = {k: v - ctx["idle"].get(k, 0.0) * span for k, v in raw.items()}
+    r.update(mem, node_cpu={k: round(v, 3) for k, v in node.items()},
+             node_cpu_med=statistics.median(node.values()), node_cpu_max=max(node.values()),
+             node_cpu_sum=sum(node.values()), span_s=span)
+
+
+def measure_shell(method: str, cluster: testbed.Cluster, port: int,
+                  ctx: dict | None = None) -> dict:
     n = len(cluster.nodes)
+    probe = probe_start(ctx)
     cpu0 = children_cpu()
     t0 = time.time()
     if method == "a":
@@ -158,12 +191,16 @@ def measure_shell(method: str, cluster: testbed.Cluster, port: int) -> dict:
     ok = all(rc == 0 for rc in rcs) and text.count("torchherd-allreduce ok") == n
     if not ok:
         log(f"{method} failed: rcs={rcs}\n{text[-2000:]}")
-    return {"method": method, "ok": ok, "init_s": init - t0 if init else None,
-            "done_s": done, "cpu_s": cpu}
+    r = {"method": method, "ok": ok, "init_s": init - t0 if init else None,
+         "done_s": done, "cpu_s": cpu,
+         # one ssh session per node, which starts the job: the floor
+         "round_trips": {"max": 1, "min": 1, "all_started": ok}}
+    probe_end(ctx, probe, r)
+    return r
 
 
 def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
-                      extra_env: dict[str, str]) -> dict:
+                      extra_env: dict[str, str], ctx: dict | None = None) -> dict:
     events = work / f"events-{method}-{time.time():.0f}.jsonl"
     job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1}
     if method in "ce":
@@ -171,6 +208,9 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
         (work / "code" / "version.txt").write_text(f"{time.time()}\n")
     env = {**os.environ, **extra_env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(CP_DIR)}
     before = mux_cpu()
+    if ctx is not None:  # multiplexers left by the other view keep their CPUs otherwise
+        cost.set_view(ctx["view"], [], {}, list(before))
+    probe = probe_start(ctx)
     cpu0 = children_cpu()
     t0 = time.time()
     proc = subprocess.run([PY, __file__, "_launch", json.dumps(job), str(cluster.inventory),
@@ -183,7 +223,9 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
         res = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         log(f"{method} child failed rc={proc.returncode}: {proc.stderr[-3000:]}")
-        return {"method": method, "ok": False, "done_s": done, "cpu_s": cpu + mux}
+        r = {"method": method, "ok": False, "done_s": done, "cpu_s": cpu + mux}
+        probe_end(ctx, probe, r)
+        return r
     run_dir = work / "runs" / res["run_id"]
     text = "\n".join(p.read_text(errors="replace") for p in run_dir.glob("nodes/*/node.log"))
     init = init_time(text)
@@ -191,9 +233,12 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
     ok = res["exit_code"] == 0 and text.count("torchherd-allreduce ok") == len(cluster.nodes)
     if not ok:
         log(f"{method} failed: {res}")
-    return {"method": method, "ok": ok, "init_s": init - t0 if init else None,
-            "done_s": done, "cpu_s": cpu + mux, "cpu_mux_s": mux, "run_id": res["run_id"],
-            "timings": summary.get("timings"), "tasks": task_times(events)}
+    r = {"method": method, "ok": ok, "init_s": init - t0 if init else None,
+         "done_s": done, "cpu_s": cpu + mux, "cpu_mux_s": mux, "run_id": res["run_id"],
+         "timings": summary.get("timings"), "tasks": task_times(events),
+         "round_trips": cost.round_trips(events, [nd.name for nd in cluster.nodes])}
+    probe_end(ctx, probe, r)
+    return r
 
 
 def task_times(events: Path) -> list[list]:
@@ -221,12 +266,19 @@ def child_launch(job_json: str, inventory: str, runs_dir: str, events: str) -> i
 
     def on_event(ev: dict) -> None:
         kind = ev.get("event", "")
-        if not kind.startswith("playbook_on_") and kind not in ("runner_on_ok",):
+        if not kind.startswith(("playbook_on_", "runner_on_")) or kind == "runner_on_start":
             return
         data = ev.get("event_data", {})
         stamp = datetime.fromisoformat(ev["created"]).timestamp() if ev.get("created") else 0
         name = data.get("task") or data.get("play") or ""
-        out.write(json.dumps({"t": stamp, "event": kind, "name": name}) + "\n")
+        rec = {"t": stamp, "event": kind, "name": name}
+        if kind.startswith("runner_on_") or kind == "playbook_on_task_start":
+            res = data.get("res") if isinstance(data.get("res"), dict) else {}
+            rec.update(host=data.get("host"), action=data.get("resolved_action")
+                       or data.get("task_action"), path=data.get("task_path"),
+                       delegated=bool(res.get("_ansible_delegated_vars")
+                                      or data.get("delegated_host")))
+        out.write(json.dumps(rec) + "\n")
         out.flush()  # the parent waits for the watch play in this file
 
     result = api.launch(json.loads(job_json), inventory, runs_dir=runs_dir, on_event=on_event)
@@ -277,18 +329,42 @@ def machine() -> dict:
         if line.startswith("model name"):
             model = line.split(":", 1)[1].strip()
             break
-    return {"nproc": os.cpu_count(), "cpu": model, "loadavg": os.getloadavg(),
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    return {"nproc": os.cpu_count(), "cpu": model, "loadavg": os.getloadavg(), "commit": commit,
+            "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                        time.gmtime())}
 
 
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def measure_idle(cgroups: dict[str, str], seconds: float = 5.0) -> dict[str, float]:
+    """Each node's CPU-seconds per second while nothing runs on it (systemd, journald)."""
+    a = cost.node_cpu(cgroups)
+    time.sleep(seconds)
+    return {k: v / seconds for k, v in cost.cpu_delta(a, cost.node_cpu(cgroups)).items()}
+
+
 def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, str],
-             watch: dict | None, alt_env: dict[str, str] | None = None) -> dict:
+             watch: dict | None, alt_env: dict[str, str] | None = None,
+             views: tuple[str, ...] = ("shared",), min_mem_gib: float = 2.0) -> dict:
     name = f"bench{n}"
-    log(f"up {name} ({n} nodes)")
+    log(f"up {name} ({n} nodes), free memory {mem_available_gib():.1f} GiB")
+    t_up = time.monotonic()
     cluster = testbed.up(name, n)
+    up_s = time.monotonic() - t_up
     results: list[dict] = []
     watch_res = []
+    names = [node.name for node in cluster.nodes]
+    cgroups = cost.container_cgroups(names)
+    mem_low = mem_available_gib()
+    idle_by_view = {}
     try:
         for node in cluster.nodes:  # a and b expect the code on the nodes already
             subprocess.run([*ssh_base(cluster), f"root@{node.ip}", "mkdir -p /root/bench"],
@@ -297,32 +373,54 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                             str(work / "code" / "allreduce.py"),
                             f"root@{node.ip}:/root/bench/"], check=True)
         port = 29600
-        for rep in range(reps):
-            for m in methods:
-                port += 1
-                if m in "ab":
-                    r = measure_shell(m, cluster, port)
-                elif m in ALT_METHODS:
-                    r = measure_torchherd(m, cluster, work, {**extra_env, **(alt_env or {})})
-                else:
-                    r = measure_torchherd(m, cluster, work, extra_env)
-                r.update(nodes=n, rep=rep)
-                results.append(r)
-                log(f"n={n} rep={rep} {m}: init {r.get('init_s') or 0:.2f} s done "
-                    f"{r['done_s']:.2f} s cpu {r['cpu_s']:.2f} s ok={r['ok']}")
-        # With --alt-env, the watch of the other collection too, alternating, for an A/B.
-        arms = [("", extra_env)] + ([("alt", {**extra_env, **alt_env})] if alt_env else [])
-        for _rep in range(watch["reps"] if watch else 0):
-            for interval in watch["intervals"]:
-                for arm, env in arms:
-                    w = measure_watch(cluster, work, watch["window"], watch["sleep"], env,
-                                      interval)
-                    w["arm"] = arm
-                    watch_res.append(w)
-                    log(f"watch{' ' + arm if arm else ''}: {w}")
+        for view in views:
+            cost.set_view(view, names, cgroups, list(mux_cpu()))
+            idle = measure_idle(cgroups)
+            idle_by_view[view] = statistics.median(idle.values())
+            ctx = {"view": view, "cgroups": cgroups, "idle": idle}
+            log(f"view {view}: idle node CPU {idle_by_view[view]:.4f} CPU-s/s per node")
+            for rep in range(reps):
+                for m in methods:
+                    free = mem_available_gib()
+                    mem_low = min(mem_low, free)
+                    if free < min_mem_gib:
+                        log(f"only {free:.1f} GiB free: skipping {view} rep {rep} {m}")
+                        continue
+                    port += 1
+                    if m in "ab":
+                        r = measure_shell(m, cluster, port, ctx)
+                    elif m in ALT_METHODS:
+                        r = measure_torchherd(m, cluster, work,
+                                              {**extra_env, **(alt_env or {})}, ctx)
+                    else:
+                        r = measure_torchherd(m, cluster, work, extra_env, ctx)
+                    r.update(nodes=n, rep=rep, view=view)
+                    results.append(r)
+                    rt = r.get("round_trips") or {}
+                    log(f"n={n} {view} rep={rep} {m}: init {r.get('init_s') or 0:.2f} s done "
+                        f"{r['done_s']:.2f} s cpu {r['cpu_s']:.2f} s "
+                        f"mem {r.get('peak_rss_mb', 0):.0f} MB node cpu/node "
+                        f"{r.get('node_cpu_med', 0):.2f} s trips {rt.get('max')} ok={r['ok']}")
+            if view == views[0]:
+                # With --alt-env, the watch of the other collection too, alternating (an A/B).
+                arms = [("", extra_env)] + ([("alt", {**extra_env, **alt_env})]
+                                            if alt_env else [])
+                for _rep in range(watch["reps"] if watch else 0):
+                    for interval in watch["intervals"]:
+                        for arm, env in arms:
+                            w = measure_watch(cluster, work, watch["window"], watch["sleep"],
+                                              env, interval)
+                            w["arm"] = arm
+                            w["view"] = view
+                            watch_res.append(w)
+                            log(f"watch{' ' + arm if arm else ''}: {w}")
     finally:
+        cost.set_view("shared", [], {}, [])
+        t_down = time.monotonic()
         testbed.down(name)
-    return {"nodes": n, "runs": results, "watch": watch_res}
+        down_s = time.monotonic() - t_down
+    return {"nodes": n, "runs": results, "watch": watch_res, "idle_node_cpu": idle_by_view,
+            "up_s": up_s, "down_s": down_s, "mem_available_min_gib": mem_low}
 
 
 def med(values: list) -> float | None:
@@ -331,17 +429,46 @@ def med(values: list) -> float | None:
 
 
 def summarize(sizes: list[dict]) -> list[dict]:
+    """One row per view and size: medians over the repetitions of every method; the nodes'
+    own CPU of torchherd (own_node_cpu: per node, the method's median less pdsh's, then the
+    median and max over the nodes)."""
     rows = []
     for s in sizes:
-        n, row = s["nodes"], {"nodes": s["nodes"]}
-        for m in METHODS:
-            runs = [r for r in s["runs"] if r["method"] == m and r["ok"]]
-            row[m] = {"n": len(runs), "init_s": med([r.get("init_s") for r in runs]),
-                      "done_s": med([r["done_s"] for r in runs]),
-                      "cpu_s": med([r["cpu_s"] for r in runs])}
-            if row[m]["cpu_s"] is not None:
-                row[m]["cpu_per_node"] = row[m]["cpu_s"] / n
-        rows.append(row)
+        views = list(dict.fromkeys(r.get("view", "shared") for r in s["runs"])) or ["shared"]
+        for view in views:
+            n, row = s["nodes"], {"nodes": s["nodes"], "view": view}
+            vruns = [r for r in s["runs"] if r.get("view", "shared") == view]
+            for m in METHODS:
+                runs = [r for r in vruns if r["method"] == m and r["ok"]]
+                row[m] = {"n": len(runs), "init_s": med([r.get("init_s") for r in runs]),
+                          "done_s": med([r["done_s"] for r in runs]),
+                          "cpu_s": med([r["cpu_s"] for r in runs]),
+                          "peak_rss_mb": med([r.get("peak_rss_mb") for r in runs]),
+                          "node_cpu_med": med([r.get("node_cpu_med") for r in runs]),
+                          "trips": max((r["round_trips"]["max"] for r in runs
+                                        if r.get("round_trips")), default=None),
+                          "serial_cpu": med([sum((r.get("serial_cpu") or {}).values())
+                                             for r in runs if "serial_cpu" in r])}
+                if row[m]["cpu_s"] is not None:
+                    row[m]["cpu_per_node"] = row[m]["cpu_s"] / n
+                if row[m]["peak_rss_mb"] is not None:
+                    row[m]["rss_per_node_mb"] = row[m]["peak_rss_mb"] / n
+            base = {}
+            for r in vruns:
+                if r["method"] == "b" and r["ok"] and r.get("node_cpu"):
+                    for host, v in r["node_cpu"].items():
+                        base.setdefault(host, []).append(v)
+            for m in "acd":
+                per_host = {}
+                for r in vruns:
+                    if r["method"] == m and r["ok"] and r.get("node_cpu"):
+                        for host, v in r["node_cpu"].items():
+                            per_host.setdefault(host, []).append(v)
+                own = [med(v) - med(base[h]) for h, v in per_host.items() if base.get(h)]
+                if own:
+                    row[m]["own_node_cpu"] = med(own)
+                    row[m]["own_node_cpu_max"] = max(own)
+            rows.append(row)
     return rows
 
 
@@ -445,6 +572,23 @@ def write_plot(path: Path, rows: list[dict]) -> None:
     fig.savefig(path, dpi=110)
 
 
+@contextlib.contextmanager
+def heavy_lock(take: bool):
+    """The machine's lock for clusters of 8 nodes and more (other sessions run big test
+    clusters on it too): held for the whole size, bring-up and teardown included."""
+    if not take:
+        yield
+        return
+    with open("/tmp/torchherd-heavy.lock", "a") as handle:
+        log("waiting for /tmp/torchherd-heavy.lock")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        log("holding /tmp/torchherd-heavy.lock")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_launch":
         return child_launch(*sys.argv[2:6])
@@ -463,6 +607,15 @@ def main() -> int:
                    help="extra environment for torchherd (e.g. ANSIBLE_CONFIG=...)")
     p.add_argument("--alt-env", action="append", default=[], metavar="K=V",
                    help="environment of methods e, f (e.g. TORCHHERD_COLLECTIONS_PATH=...)")
+    p.add_argument("--separate-cores", action="store_true",
+                   help="also measure with the controller on CPU 0 and the nodes on CPU 1")
+    p.add_argument("--separate-max", type=int, default=16,
+                   help="largest size measured in the separate-cores view too")
+    p.add_argument("--lock-from", type=int, default=8,
+                   help="hold /tmp/torchherd-heavy.lock (flock) around sizes of this many nodes "
+                        "and more, bring-up and teardown included")
+    p.add_argument("--min-mem-gib", type=float, default=2.0,
+                   help="skip a run when less memory than this is available")
     p.add_argument("--tag", default="", help="results file suffix; docs only when empty")
     p.add_argument("--note", default="")
     p.add_argument("--from", dest="from_json", metavar="RESULTS",
@@ -495,7 +648,11 @@ def main() -> int:
         watch = {"window": args.watch_window, "sleep": args.watch_sleep,
                  "intervals": [int(x) for x in args.watch_intervals.split(",")],
                  "reps": args.watch_reps} if n == args.watch_nodes else None
-        sizes.append(run_size(n, reps, work, args.methods, extra_env, watch, alt_env))
+        views = ("shared", "separate") if args.separate_cores and n <= args.separate_max \
+            else ("shared",)
+        with heavy_lock(n >= args.lock_from):
+            sizes.append(run_size(n, reps, work, args.methods, extra_env, watch, alt_env,
+                                  views, args.min_mem_gib))
         (out_dir / f"{stamp}{args.tag}.json").write_text(
             json.dumps({"machine": info, "env": extra_env, "alt_env": alt_env, "sizes": sizes},
                        indent=1))

@@ -103,8 +103,11 @@ RUN_SETTINGS = {
 # prompt can hang a run (an unknown host key fails, and the driver says how to fix it).
 SSH_EXTRA_ARGS = ("-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3",
                   "-o", "BatchMode=yes")
-# Every node's task of the start runs at once (the barrier needs it). ansible-core starts
-# no more workers than a play has hosts, so this is "one fork per node", whatever the count.
+# verify's probe, the interconnect check and the hang watch run a task on every node at once.
+# ansible-core starts no more workers than a play has hosts, so this is "one fork per node",
+# whatever the count. A launch takes the forks of the caller's Ansible configuration instead
+# (forks; 5 where none is set): with fewer forks than nodes its start barrier runs in the
+# background and the nodes stop each other after a failure, so it needs no worker per node.
 FORKS = 1024
 
 
@@ -125,10 +128,19 @@ def run_settings(environ: Any) -> dict[str, str]:
     return env
 
 
-def _cmdline() -> list[str]:
-    forks = max(FORKS, int(os.environ.get("ANSIBLE_FORKS", "0") or 0))
+def _cmdline(all_at_once: bool) -> list[str]:
     extra = " ".join(SSH_EXTRA_ARGS)
+    if not all_at_once:
+        return [f"--ssh-extra-args={extra}"]
+    forks = max(FORKS, int(os.environ.get("ANSIBLE_FORKS", "0") or 0))
     return ["--forks", str(forks), f"--ssh-extra-args={extra}"]
+
+
+def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
+    """Whether playbook `name` runs a task on every node at once (see FORKS)."""
+    job = extravars.get("torchherd_job") or {}
+    return name == "verify" or (name == "launch" and isinstance(job, dict) and (
+        job.get("interconnect") == "always" or bool(job.get("hang_timeout"))))
 
 
 def _write_private(path: Path, data: Any) -> None:
@@ -196,7 +208,7 @@ def run_playbook(
             playbook=playbook(name),
             inventory=str(inventory),  # driver.api.inventory_source made it absolute
             envvars=env,
-            cmdline=shlex.join(_cmdline()),
+            cmdline=shlex.join(_cmdline(all_at_once(name, extravars))),
             quiet=True,
             verbosity=verbosity or None,
             event_handler=handle,

@@ -8,7 +8,7 @@ import tomllib
 import yaml
 
 from driver import paths
-from driver.runner import RUN_SETTINGS, SSH_EXTRA_ARGS, _cmdline, run_settings
+from driver.runner import RUN_SETTINGS, SSH_EXTRA_ARGS, _cmdline, all_at_once, run_settings
 
 COLLECTION = paths.CHECKOUT / "collection" / "ansible_collections" / "torchherd" / "cluster"
 
@@ -55,10 +55,18 @@ def test_collections_path_order(tmp_path, monkeypatch):
 
 def test_ssh_and_forks_on_the_command_line(monkeypatch):
     monkeypatch.delenv("ANSIBLE_FORKS", raising=False)
-    argv = _cmdline()
+    argv = _cmdline(all_at_once("verify", {}))
     assert argv[:2] == ["--forks", "1024"]
     # One argument: a value that starts with '-' would be read as an option.
     assert argv[2] == "--ssh-extra-args=" + " ".join(SSH_EXTRA_ARGS)
     assert "BatchMode=yes" in argv[2]
     monkeypatch.setenv("ANSIBLE_FORKS", "2048")
-    assert _cmdline()[1] == "2048"
+    assert _cmdline(True)[1] == "2048"
+
+
+def test_a_launch_takes_the_callers_forks_unless_it_measures_the_interconnect():
+    assert _cmdline(all_at_once("launch", {"torchherd_job": {"script": "t.py"}})) == [
+        "--ssh-extra-args=" + " ".join(SSH_EXTRA_ARGS)]
+    assert all_at_once("launch", {"torchherd_job": {"interconnect": "always"}})
+    assert all_at_once("launch", {"torchherd_job": {"hang_timeout": 60}})
+    assert not all_at_once("stop", {})

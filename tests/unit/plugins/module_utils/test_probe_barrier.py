@@ -31,7 +31,7 @@ def peers(port: int, count: int, token: str = TOKEN) -> tuple[list[threading.Thr
 
     def peer() -> None:
         reachable, error, sock = connect("127.0.0.1", port, token, 2, 5, keep=True)
-        words.append(wait_word(sock, 10) if reachable else error)
+        words.append(wait_word(sock, 10)[0] if reachable else error)
 
     threads = [threading.Thread(target=peer) for _ in range(count)]
     for thread in threads:
@@ -112,7 +112,7 @@ def test_a_node_that_reads_late_gets_the_token_and_the_word_apart():
     releasing.start()
     lines = _Lines(late)
     assert lines.line(5) == TOKEN
-    assert wait_word(lines, 5) == GO
+    assert wait_word(lines, 5) == (GO, None)
     releasing.join(5)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -268,3 +270,47 @@ def test_nccl_jobs_keep_a_flight_recorder_the_users_settings_win():
     env, _shown = job_env(params(env={"TORCHHERD_BACKEND": "gloo"}), "/d", {})
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
     assert env["TORCHHERD_PROGRESS_FILE"] == "/d/progress"
+
+
+def background(port, listen, expect=2, window=10):
+    return {"listen": listen, "expect": expect, "timeout": 2, "window": window, "source": "",
+            "background": True}
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_in_the_background_the_nodes_meet_and_one_failure_stops_the_others(tmp_path):
+    port = free_port()
+    master = run_paths(str(tmp_path / "a"), "r1")
+    node = run_paths(str(tmp_path / "b"), "r1")
+    common = {"master_addr": "127.0.0.1", "master_port": port}
+    spawn(params(barrier=background(port, True), meta={"host": "a"}, **common), master,
+          python("import time; time.sleep(60)"), {})
+    # The start returned while the master waits at the barrier: the job counts as running.
+    assert read_state(master)["state"] == "running"
+    spawn(params(barrier=background(port, False), meta={"host": "b"}, **common), node,
+          python("import sys, time; time.sleep(1); sys.exit(3)"), {})
+    failed = ended(node)
+    assert (failed["state"], failed["exit_code"]) == ("failed", 3)
+    # The master heard it from b's supervisor and stopped its own job: no controller.
+    stopped = ended(master, 10)
+    assert stopped["state"] == "stopped", stopped
+    assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
+    for paths in (master, node):
+        assert json.loads(Path(paths["dir"], "barrier.json").read_text())["go"]
+        assert not job_pids(paths["dir"])
+
+
+def test_in_the_background_a_node_that_never_comes_calls_the_start_off(tmp_path):
+    port = free_port()
+    master = run_paths(str(tmp_path / "a"), "r1")
+    spawn(params(barrier=background(port, True, window=1), master_addr="127.0.0.1",
+                 master_port=port), master, python("print('started')"), {})
+    called_off = ended(master)
+    assert called_off["state"] == "failed"
+    log = Path(master["log"]).read_text()
+    assert "the start was called off" in log and "started" not in log

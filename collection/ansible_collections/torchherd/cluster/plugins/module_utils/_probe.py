@@ -292,14 +292,17 @@ def connect(host, port, token, timeout, window, keep=False, source=None):
 
 
 def wait_word(lines, seconds):
-    """The master's word on a kept connection (GO or ABORT), ABORT if it never comes."""
+    """The master's word on a kept connection: (GO or ABORT, the gang port the master named
+    with its go, or None); ABORT if it never comes."""
     try:
-        word = lines.line(seconds)
+        words = lines.line(seconds).split()
     except OSError:
-        word = ""
+        words = []
     finally:
         lines.close()
-    return word if word in (GO, ABORT) else ABORT
+    if words and words[0] == GO:
+        return GO, int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    return ABORT, None
 
 
 def run_token(run_id):
@@ -350,24 +353,29 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     return result, listener if hold else None
 
 
-def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=None):
+def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=None,
+            gang=None):
     """The probe as a start barrier: every node reaches the master port and the master reaches
     every node back, or none starts.
 
     The probe's result plus `go`: the master tells each node to go only once all `expect`
-    nodes have come and it reached each of them back, and to abort otherwise."""
+    nodes have come and it reached each of them back, and to abort otherwise. With `gang` (a
+    listening socket, on the master) the go names its port, and every node's result has
+    `gang_port`: the node-side gang (see _gang) meets there."""
     result, held = probe(host, port, run_token(run_id), timeout, window, listen, expect,
                          hold=True, source=source)
     if listen:
         go = (result["reachable"] and result["served"] >= expect and not result["back_failed"]
               and not result["back_error"])
         if held is not None:
-            held.release(GO if go else ABORT)
-        return dict(result, go=go)
+            word = GO if not go or gang is None else f"{GO} {gang.getsockname()[1]}"
+            held.release(word if go else ABORT)
+        return dict(result, go=go, gang_port=gang.getsockname()[1] if gang else None)
     if not result["reachable"]:
         return dict(result, go=False)
     kept, back = held
-    go = wait_word(kept, window + 2 * timeout + 5) == GO
+    word, result["gang_port"] = wait_word(kept, window + 2 * timeout + 5)
+    go = word == GO
     # The master decided after its connections back: by now this node's was made or not.
     result["back_error"] = back_error(back, result["address"], 0.5)
     if not go and not result["back_error"]:

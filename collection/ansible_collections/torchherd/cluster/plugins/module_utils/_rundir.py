@@ -115,6 +115,9 @@ def read_state(paths):
     """State of the job on this node: absent, running, succeeded, failed, stopped, timed_out, lost."""
     pid_text = read_text(paths["pid"])
     if pid_text is None:
+        # A start in the background: its supervisor waits at the barrier before the launcher.
+        if _alive(paths["supervisor"]) and read_text(paths["exit_code"]) is None:
+            return {"state": "running", "pid": None, "exit_code": None}
         return {"state": "absent", "pid": None, "exit_code": None}
     pid, _sep, start = pid_text.partition(" ")
     pid = int(pid)

@@ -150,6 +150,9 @@ def failure_of(node_dir):
     earliest (the time its error file or stderr was last written, to the node's clock)."""
     found = {"failing_rank": None, "local_rank": None, "exception": None, "traceback": None}
     node_log = _read(os.path.join(node_dir, "node.log"))
+    called_off = _called_off(node_dir, node_log)
+    if called_off:
+        return dict(found, exception=called_off)
     ranks = _last_attempt(node_dir)
     report = node_log[node_log.rfind("Failures:"):] if "Failures:" in node_log else ""
     entries = {int(local): (int(rank), int(code)) for rank, local, code in _ENTRY.findall(report)}
@@ -186,6 +189,16 @@ def failure_of(node_dir):
     if found["exception"] is None:
         found["traceback"], found["exception"] = _traceback(node_log)
     return found
+
+
+def _called_off(node_dir, node_log):
+    """Why a start in the background (its barrier in the supervisor) did not start here."""
+    barrier = _json(os.path.join(node_dir, "barrier.json"))
+    if not barrier or barrier.get("go"):
+        return None
+    line = next((ln for ln in reversed(node_log.splitlines())
+                 if "the start was called off" in ln), "")
+    return line.removeprefix("torchherd: ") or "the start was called off at the barrier"
 
 
 PHASES = ("preflight", "sync", "start", "watch", "collect")

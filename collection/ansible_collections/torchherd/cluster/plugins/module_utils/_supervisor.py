@@ -11,10 +11,13 @@ import base64
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master, Member
+from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     MARKER,
     load_json,
@@ -25,6 +28,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     write_atomic,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import flight_recorder_env
+from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
 
 
 class StartError(Exception):
@@ -149,21 +153,67 @@ def spawn(p, paths, argv, environ):
         meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop)
     write_atomic(paths["meta"], json.dumps(meta))
 
+    meeting = _meeting(p) if (p.get("barrier") or {}).get("background") else None
     first = os.fork()
     if first == 0:
         # Double fork: the supervisor is re-parented to init and outlives this SSH session.
         if os.fork() == 0:
-            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"])
+            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting)
         os._exit(0)
     os.waitpid(first, 0)
+    # In the background the barrier may take its whole window: the supervisor is the job then.
+    wanted = paths["supervisor"] if meeting else paths["pid"]
     deadline = time.monotonic() + 10
-    while read_text(paths["pid"]) is None and time.monotonic() < deadline:
+    while read_text(wanted) is None and time.monotonic() < deadline:
         time.sleep(0.02)
     return started_at
 
 
-def _supervise(argv, env, cwd, paths, timeout, grace):
-    """Runs in the detached grandchild: start torchrun, wait, write the exit code."""
+def _meeting(p):
+    """What the supervisor needs for the barrier and the gang in the background."""
+    b = p["barrier"]
+    return {"master_addr": p["master_addr"], "master_port": p["master_port"],
+            "run_id": p["run_id"], "listen": b["listen"], "expect": b["expect"],
+            "timeout": b["timeout"], "window": b["window"], "source": b["source"] or None,
+            "elastic": p["rdzv"] == "c10d",
+            "name": str(p["meta"].get("host") or socket.gethostname())}
+
+
+def _meet(m, paths, stop):
+    """The start barrier, from the supervisor, then this node's place in the gang (_gang);
+    (gang, None) or (None, why the start was called off). barrier.json keeps what it saw."""
+    gang_sock = None
+    if m["listen"]:
+        gang_sock, error = bind(0)
+        if gang_sock is None:
+            return None, f"the gang's port: {error}"
+    result = barrier(m["master_addr"], m["master_port"], m["run_id"], m["timeout"],
+                     m["window"], listen=m["listen"], expect=m["expect"], source=m["source"],
+                     gang=gang_sock)
+    write_atomic(os.path.join(paths["dir"], "barrier.json"), json.dumps(result))
+    if not result["go"]:
+        if gang_sock is not None:
+            gang_sock.close()
+        why = result.get("error") or result.get("back_error") or (
+            f"{result.get('served')} of {m['expect']} nodes reached the master, and "
+            f"{len(result.get('back_failed') or {})} could not be reached back"
+            f"{': ' + str(result['back_failed']) if result.get('back_failed') else ''}")
+        return None, why
+    if m["listen"]:
+        # Every other node connects within the barrier's own time, and then some.
+        return Master(gang_sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
+                      m["elastic"]), None
+    gang = Member(m["master_addr"], result["gang_port"], m["source"], m["timeout"], stop,
+                  m["name"], m["elastic"])
+    if gang.error:
+        _say(f"{gang.error}; this node goes on without the gang (the controller's watch "
+             f"still stops it after a failure elsewhere)")
+    return gang, None
+
+
+def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
+    """Runs in the detached grandchild: (the barrier and the gang, in the background), start
+    torchrun, wait, write the exit code."""
     os.setsid()
     write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -172,23 +222,43 @@ def _supervise(argv, env, cwd, paths, timeout, grace):
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.closerange(3, 65536)
-    # From here stdout is the node log, no longer the module's result: the prints below go to the
-    # log, which is why pylint's ansible-bad-function (use module.log) is disabled on them.
+    # From here file descriptor 1 is the node log, no longer the module's result (see _say).
     code = 127
+    gang = None
+    running = {}
+
+    def stop_here(why):
+        """The gang's stop: this node's job, as stop would (only while it runs)."""
+        if not os.path.exists(paths["stopped"]):
+            _say(f"stopping: {why}")
+        proc = running.get("proc")
+        if proc is None:
+            write_atomic(paths["stopped"], f"{time.time()}\n")  # before the start: none
+        elif proc.poll() is None:
+            stop(paths, proc.pid, grace)
+
     try:
+        if meeting is not None:
+            gang, why = _meet(meeting, paths, stop_here)
+            if gang is None or os.path.exists(paths["stopped"]):
+                raise _CalledOff(why or "stopped before the start")
         proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
+        running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
         try:
             code = proc.wait(timeout=timeout or None)
         except subprocess.TimeoutExpired:
             write_atomic(paths["timed_out"], f"{time.time()}\n")
-            print(f"torchherd: job timed out after {timeout} s; stopping it",  # pylint: disable=ansible-bad-function
-                  flush=True)
+            _say(f"job timed out after {timeout} s; stopping it")
             terminate(paths["dir"], proc.pid, grace)
             code = proc.wait()
+    except _CalledOff as exc:
+        _say(f"the start was called off: {exc}")
+        write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
+        code = 1
     except OSError as exc:
-        print(f"torchherd: cannot start torchrun: {exc}", flush=True)  # pylint: disable=ansible-bad-function
+        _say(f"cannot start torchrun: {exc}")
         write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     finally:
         # ended_at first: whoever sees the exit code must find the end time too.
@@ -196,4 +266,19 @@ def _supervise(argv, env, cwd, paths, timeout, grace):
         meta["ended_at"] = time.time()
         write_atomic(paths["meta"], json.dumps(meta))
         write_atomic(paths["exit_code"], f"{code}\n")
+        # The others hear of this end once it is on disk here; the master stays for theirs.
+        if isinstance(gang, Master):
+            gang.own_exit(code, meeting["name"])
+        elif gang is not None:
+            gang.own_exit(code)
         os._exit(0)
+
+
+def _say(text):
+    """A line of the supervisor's own in the node log (its stdout by then), written to the file
+    descriptor itself: sys.stdout may be anything the forking process had (a test's capture)."""
+    os.write(1, f"torchherd: {text}\n".encode(errors="replace"))
+
+
+class _CalledOff(Exception):
+    """The background barrier did not say go (or the job was stopped before the start)."""

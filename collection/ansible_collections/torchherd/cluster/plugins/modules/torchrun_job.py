@@ -212,9 +212,24 @@ options:
         O(barrier.window) seconds, no node starts.
       - This proves the very path the job's rendezvous takes, right before it takes it, in the
         same round trip as the start. RV(probe) tells what this node saw.
-      - Run on every node of the job in one task (forks at least the number of nodes).
+      - Run on every node of the job in one task (forks at least the number of nodes), unless
+        O(barrier.background).
     type: dict
     suboptions:
+      background:
+        description:
+          - Meet at the barrier in the detached supervisor instead of in this call, which
+            returns as soon as the supervisor runs (RV(job_state) running, no RV(probe)); the
+            launcher starts once every node came. For launches on more nodes than Ansible
+            forks, whose later nodes start while the first wait. A barrier that does not say
+            go ends the job on that node as failed (C(barrier.json) in the run directory says
+            why).
+          - The supervisors then form the gang themselves; every node keeps a connection to the
+            master's supervisor (a port the master names with its go), and the first launcher
+            to fail, or (static rendezvous) a node lost, stops the job on every node, without
+            the controller.
+        type: bool
+        default: false
       listen:
         description: This node is the master and listens.
         type: bool
@@ -462,7 +477,7 @@ def start(module, p, paths):
                          run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
                          **opened)
     probe = None
-    if p["barrier"]:
+    if p["barrier"] and not p["barrier"]["background"]:
         b = p["barrier"]
         probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
                         b["window"], listen=b["listen"], expect=b["expect"],
@@ -596,6 +611,7 @@ def main():
                 timeout=dict(type="float", default=3),
                 window=dict(type="float", default=20),
                 source=dict(type="str", default=""),
+                background=dict(type="bool", default=False),
             )),
             firewall=dict(type="dict", options=dict(RULE_OPTIONS)),
             hang=dict(type="dict", options=dict(

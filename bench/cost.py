@@ -1,0 +1,304 @@
+"""What a launch costs per node: the probes bench/run.py adds around every launch.
+
+- TreeSampler: the controller's peak memory (sum of RSS over the launching process tree and
+  the ssh ControlPersist masters, sampled every 50 ms from /proc) and which process did the
+  CPU work (the serial driver and ansible-playbook main process against the rest);
+- node_cpu: each node container's own CPU accounting (cgroup cpuacct.usage, v1, or
+  cpu.stat usage_usec, v2);
+- set_view: the controller on CPU 0 and the nodes on CPU 1 (--separate-cores), or shared;
+- round_trips: from the ansible-runner events the child driver records, the tasks that ran
+  on a node before the start task, per node;
+- model: the launch overhead on a real cluster from those figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+CGROUP = Path("/sys/fs/cgroup")
+
+# --------------------------------------------------------------------------------------------
+# controller: peak memory of the launch's processes, and who spent the CPU
+
+
+def _read_stat(pid: int) -> tuple[str, int, float, int, int] | None:
+    """(comm, ppid, own utime+stime s, rss bytes, starttime) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1:raw.rindex(")")]
+    f = raw[raw.rindex(")") + 2:].split()
+    # fields after comm: 0 state, 1 ppid, 11 utime, 12 stime, 19 starttime, 21 rss
+    return comm, int(f[1]), (int(f[11]) + int(f[12])) / TICK, int(f[21]) * PAGE, int(f[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class TreeSampler(threading.Thread):
+    """Every `interval` s: the RSS of every live descendant of `root` (not `root` itself when
+    `exclude_root`) plus every ssh multiplexer whose command line names `mux_dir`; the peak of
+    the sum, with its make-up by command, and each process's last seen own CPU time.
+
+    New pids are read as they appear; the ones found foreign are not read again, except in a
+    full pass every `full_every` samples (a reused pid)."""
+
+    def __init__(self, root: int, mux_dir: str, interval: float = 0.05, full_every: int = 20,
+                 exclude_root: bool = True) -> None:
+        super().__init__(daemon=True)
+        self.root, self.mux_dir, self.interval = root, mux_dir, interval
+        self.full_every, self.exclude_root = full_every, exclude_root
+        self.stop_event = threading.Event()
+        self.ours: dict[tuple[int, int], str] = {}  # (pid, starttime) -> "tree" | "mux"
+        self.foreign: set[int] = set()
+        self.last: dict[tuple[int, int], tuple[str, int, float]] = {}  # -> comm, ppid, own cpu
+        self.peak = 0
+        self.peak_at = 0.0
+        self.peak_parts: dict[str, list] = {}
+        self.samples = 0
+        self.cpu_self = 0.0
+        self.t0 = time.monotonic()
+
+    def _classify(self, pid: int, st: tuple, tree_pids: set[int]) -> str | None:
+        comm, ppid = st[0], st[1]
+        if pid == self.root:
+            return "root"
+        if ppid in tree_pids:
+            return "tree"
+        if comm == "ssh" and self.mux_dir in _cmdline(pid) and "[mux]" in _cmdline(pid):
+            return "mux"
+        return None
+
+    def sample(self, full: bool) -> None:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        if full:
+            self.foreign.clear()
+        stats = {}
+        for pid in pids:
+            if pid in self.foreign:
+                continue
+            st = _read_stat(pid)
+            if st:
+                stats[pid] = st
+        # the tree: parents before children is not guaranteed by pid order (wrap), so iterate
+        tree_pids = {self.root}
+        kinds: dict[int, str] = {}
+        changed = True
+        while changed:
+            changed = False
+            for pid, st in stats.items():
+                if pid in kinds:
+                    continue
+                known = self.ours.get((pid, st[4]))
+                kind = known or self._classify(pid, st, tree_pids)
+                if kind:
+                    kinds[pid] = kind
+                    if kind in ("tree", "root"):
+                        tree_pids.add(pid)
+                    changed = True
+        total, parts = 0, {}
+        for pid, st in stats.items():
+            kind = kinds.get(pid)
+            if kind is None:
+                self.foreign.add(pid)
+                continue
+            if kind != "root":
+                self.ours[(pid, st[4])] = kind
+            if kind == "root" and self.exclude_root:
+                continue
+            self.last[(pid, st[4])] = (st[0], st[1], st[2])
+            total += st[3]
+            name = "ssh mux" if kind == "mux" else st[0]
+            part = parts.setdefault(name, [0, 0])
+            part[0] += 1
+            part[1] += st[3]
+        self.samples += 1
+        if total > self.peak:
+            self.peak, self.peak_parts = total, parts
+            self.peak_at = time.monotonic() - self.t0
+
+    def run(self) -> None:
+        c0 = time.thread_time()
+        i = 0
+        while not self.stop_event.is_set():
+            self.sample(full=i % self.full_every == 0)
+            i += 1
+            self.stop_event.wait(self.interval)
+        self.sample(full=True)
+        self.cpu_self = time.thread_time() - c0
+
+    def result(self) -> dict:
+        self.stop_event.set()
+        self.join()
+        # Serial work: the driver (the child's own Python) and ansible-playbook's main process
+        # (the one whose parent is not ansible-playbook: the others are its forked workers).
+        comm_of = {pid: comm for (pid, _), (comm, _, _) in self.last.items()}
+        serial = {}
+        for (_pid, _), (comm, ppid, cpu) in self.last.items():
+            if ppid == self.root and comm.startswith("python"):
+                serial["driver"] = serial.get("driver", 0.0) + cpu
+            elif comm.startswith("ansible-playboo") and \
+                    not comm_of.get(ppid, "").startswith("ansible-playboo"):
+                serial["ansible_main"] = serial.get("ansible_main", 0.0) + cpu
+        return {"peak_rss_mb": self.peak / 2**20, "peak_at_s": round(self.peak_at, 2),
+                "peak_parts": {k: [v[0], round(v[1] / 2**20, 1)]
+                               for k, v in sorted(self.peak_parts.items(),
+                                                  key=lambda kv: -kv[1][1])},
+                "samples": self.samples, "sampler_cpu_s": round(self.cpu_self, 3),
+                "serial_cpu": {k: round(v, 3) for k, v in serial.items()}}
+
+
+# --------------------------------------------------------------------------------------------
+# nodes: the containers' own CPU accounting, and the cores they may use
+
+
+def container_cgroups(names: list[str]) -> dict[str, str]:
+    out = subprocess.run(["podman", "inspect", "--format", "{{.Name}} {{.State.CgroupPath}}",
+                          *names], capture_output=True, text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if line.strip())
+
+
+def _usage_file(path: str) -> Path:
+    v1 = CGROUP / "cpuacct" / path.lstrip("/") / "cpuacct.usage"
+    return v1 if v1.exists() else CGROUP / path.lstrip("/") / "cpu.stat"
+
+
+def node_cpu(paths: dict[str, str]) -> dict[str, float]:
+    """CPU-seconds each container has used since it started (its cgroup and all below)."""
+    out = {}
+    for name, path in paths.items():
+        f = _usage_file(path)
+        text = f.read_text()
+        if f.name == "cpuacct.usage":
+            out[name] = int(text) / 1e9
+        else:
+            usec = next(int(line.split()[1]) for line in text.splitlines()
+                        if line.startswith("usage_usec"))
+            out[name] = usec / 1e6
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def _set_cpuset(path: str, cpus: str, shrink: bool) -> None:
+    """cgroup v1: write cpuset.cpus on the container's cgroup and every cgroup below it; the
+    children first when shrinking (a parent may not drop a CPU a child still holds), last
+    when growing."""
+    top = CGROUP / "cpuset" / path.lstrip("/")
+    dirs = [top, *[Path(d) for d, _, _ in os.walk(top) if Path(d) != top]]
+    for d in (reversed(dirs) if shrink else dirs):
+        (d / "cpuset.cpus").write_text(cpus)
+
+
+def set_view(view: str, names: list[str], paths: dict[str, str], mux_pids: list[int]) -> None:
+    """separate: this process (its threads and the children it starts later) and the live ssh
+    multiplexers on CPU 0, the node containers on CPU 1; shared: all on every CPU."""
+    all_cpus = set(range(os.cpu_count() or 1))
+    ctrl = {0} if view == "separate" else all_cpus
+    nodes = "1" if view == "separate" else f"0-{max(all_cpus)}"
+    for tid in [int(t) for t in os.listdir("/proc/self/task")] + mux_pids:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, ctrl)
+    if (CGROUP / "cpuset").is_dir():
+        for name in names:
+            _set_cpuset(paths[name], nodes, shrink=view == "separate")
+    else:
+        subprocess.run(["podman", "update", "--cpuset-cpus", nodes, *names], check=True,
+                       capture_output=True)
+
+
+# --------------------------------------------------------------------------------------------
+# round trips before the job starts, from the child driver's ansible-runner events
+
+START_ACTION = "torchherd.cluster.torchrun_job"
+START_FILE = "roles/torchrun/tasks/start.yml"
+# Actions that run on the controller only, whatever host they name.
+LOCAL_ACTIONS = {
+    "set_fact", "assert", "debug", "fail", "meta", "add_host", "group_by", "set_stats",
+    "include_vars", "include_tasks", "import_tasks", "include_role", "import_role",
+    "validate_argument_spec", "pause", "run_summary", "run_record",
+}
+RESULT_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable")
+
+
+def _short(action: str) -> str:
+    return action.rsplit(".", 1)[-1]
+
+
+def is_start(ev: dict) -> bool:
+    return _short(ev.get("action") or "") == _short(START_ACTION) and \
+        START_FILE in (ev.get("path") or "")
+
+
+def round_trips(events: Path, hosts: list[str]) -> dict:
+    """Per node: the tasks that ran on it (ok, failed or unreachable; not skipped, not run on
+    the controller alone or delegated there) up to and including the start task. The start is
+    the first result of torchrun_job from roles/torchrun/tasks/start.yml."""
+    counted: dict[str, list[str]] = {h: [] for h in hosts}
+    total: dict[str, int] = dict.fromkeys(hosts, 0)  # the whole launch, collect included
+    skipped: dict[str, int] = dict.fromkeys(hosts, 0)
+    local: dict[str, int] = dict.fromkeys(hosts, 0)
+    started: set[str] = set()
+    tasks: dict[str, dict] = {}
+    for line in events.read_text().splitlines():
+        ev = json.loads(line)
+        host = ev.get("host")
+        if host not in counted:
+            continue
+        remote = not ev.get("delegated") and _short(ev.get("action") or "") not in LOCAL_ACTIONS
+        if ev["event"] in RESULT_EVENTS and remote:
+            total[host] += 1
+        if host in started:
+            continue
+        key = f"{ev.get('name')} [{_short(ev.get('action') or '')}]"
+        if ev["event"] == "runner_on_skipped":
+            skipped[host] += 1
+            continue
+        if ev["event"] not in RESULT_EVENTS:
+            continue
+        info = tasks.setdefault(key, {"task": ev.get("name"), "action": ev.get("action"),
+                                      "file": ev.get("path"), "remote": remote, "hosts": 0})
+        info["hosts"] += 1
+        if remote:
+            counted[host].append(key)
+        else:
+            local[host] += 1
+        if is_start(ev):
+            started.add(host)
+    per_node = {h: len(v) for h, v in counted.items()}
+    return {"per_node": per_node, "max": max(per_node.values(), default=0),
+            "min": min(per_node.values(), default=0), "all_started": started == set(hosts),
+            "total_max": max(total.values(), default=0),
+            "skipped_per_node": max(skipped.values(), default=0),
+            "local_per_node": max(local.values(), default=0), "tasks": list(tasks.values())}
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x."""
+    if len(xs) < 2:
+        return (ys[0] if ys else 0.0), 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - b * mx, b

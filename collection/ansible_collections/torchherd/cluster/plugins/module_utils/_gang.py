@@ -1,0 +1,178 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""The gang on the nodes themselves: the first failure anywhere stops the job everywhere,
+without the controller.
+
+The controller's watch stops the gang too (watch.yml), but only for the nodes it watches at
+the time: with fewer Ansible forks than nodes it waits on some nodes while the others wait for
+a worker. So where the start runs in the background (its barrier in the supervisor, see
+_supervisor), the supervisors keep a connection of their own: every node's to the master's,
+on a port the master names with the barrier's go. A node whose launcher ends says so
+("exit CODE"); the master answers a failure (or, with a static rendezvous, a node gone without
+a word) by telling every node to stop, and stops its own. A node that loses the master stops
+too (static). Elastic jobs leave lost nodes to torchrun."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+STOP = "stop"
+EXIT = "exit"
+# The master's last word when it leaves with its job ended: its link closing is then no loss.
+BYE = "bye"
+
+
+class _Link:
+    """One connection, a line at a time."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        # A node that dies without closing its link (power, kernel) is found in about 25 s.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        self.reader = sock.makefile("rb")
+        self.lock = threading.Lock()
+
+    def say(self, text):
+        with self.lock:
+            try:
+                self.sock.sendall(text.encode() + b"\n")
+                return True
+            except OSError:
+                return False
+
+    def lines(self):
+        """Lines until the connection closes."""
+        while True:
+            try:
+                line = self.reader.readline(256)
+            except OSError:
+                return
+            if not line:
+                return
+            yield line.decode(errors="replace").strip()
+
+    def close(self):
+        # shutdown first: it wakes a thread blocked reading this link (the file's close would
+        # wait for that read to end).
+        for closing in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close,
+                        self.sock.close):
+            try:
+                closing()
+            except OSError:
+                pass
+
+
+class Master:
+    """The master's side: answers the other nodes' links (up to `expect` of them, for
+    `window` seconds) and calls `stop(why)` for its own job on the first failure."""
+
+    def __init__(self, sock, expect, window, stop, elastic=False):
+        self.sock, self.expect, self.stop, self.elastic = sock, expect, stop, elastic
+        self.deadline = time.monotonic() + window
+        self.links = []
+        self.failed = None
+        self.lock = threading.Lock()
+        self.readers = []
+        self.accepter = threading.Thread(target=self._accept, daemon=True)
+        self.accepter.start()
+
+    def _accept(self):
+        try:
+            while len(self.links) < self.expect and time.monotonic() < self.deadline:
+                self.sock.settimeout(max(0.05, self.deadline - time.monotonic()))
+                try:
+                    conn, peer = self.sock.accept()
+                except socket.timeout:
+                    break
+                link = _Link(conn)
+                with self.lock:
+                    self.links.append(link)
+                    if self.failed:  # a node that comes after the failure stops at once
+                        link.say(STOP)
+                reader = threading.Thread(target=self._read, args=(link, peer[0]), daemon=True)
+                reader.start()
+                self.readers.append(reader)
+        except OSError:
+            pass
+        finally:
+            self.sock.close()
+
+    def _read(self, link, peer):
+        said = None
+        for line in link.lines():
+            words = line.split()
+            if len(words) == 3 and words[0] == EXIT:
+                said = int(words[2]) if words[2].lstrip("-").isdigit() else 1
+                if said != 0:
+                    self.fail(f"{words[1]} ended with exit code {said}")
+        if said is None and not self.elastic:
+            self.fail(f"the node at {peer} was lost (its link closed without an exit)")
+
+    def fail(self, why):
+        """Stop every node, this one included, once."""
+        with self.lock:
+            if self.failed:
+                return
+            self.failed = why
+            links = list(self.links)
+        for link in links:
+            link.say(f"{STOP} {why}")
+        self.stop(why)
+
+    def own_exit(self, code, name, linger=120.0):
+        """This node's launcher ended: a failure stops the others; then wait for their word
+        (the links close as their launchers end) so that late failures are still passed on."""
+        if code != 0:
+            self.fail(f"{name} ended with exit code {code}")
+        self.accepter.join()
+        # Bounded: a node that died without closing its link must not keep us forever.
+        deadline = time.monotonic() + linger
+        for reader in self.readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        for link in self.links:
+            link.say(BYE)
+            link.close()
+
+
+class Member:
+    """Another node's side: its link to the master. `stop(why)` ends this node's job when the
+    master says so, or (static) when the master is gone."""
+
+    def __init__(self, host, port, source, timeout, stop, name, elastic=False):
+        self.stop, self.name, self.elastic = stop, name, elastic
+        self.done = threading.Event()
+        self.link = None
+        self.error = None
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout,
+                                            source_address=(source, 0) if source else None)
+            sock.settimeout(None)
+            self.link = _Link(sock)
+        except OSError as exc:
+            self.error = f"no link to the master's gang at {host}:{port}: {exc}"
+            return
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.link.lines():
+            if self.done.is_set():
+                return  # this node's job ended already: nothing to stop
+            if line.split()[:1] == [STOP]:
+                self.stop(line[len(STOP):].strip() or "the master said stop")
+                return
+            if line == BYE:
+                return
+        if not self.done.is_set() and not self.elastic:
+            self.stop("the master node was lost (its link closed)")
+
+    def own_exit(self, code):
+        self.done.set()
+        if self.link is not None:
+            self.link.say(f"{EXIT} {self.name} {code}")
+            self.link.close()
