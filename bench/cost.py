@@ -59,7 +59,7 @@ class TreeSampler(threading.Thread):
     full pass every `full_every` samples (a reused pid)."""
 
     def __init__(self, root: int, mux_dir: str, interval: float = 0.05, full_every: int = 20,
-                 exclude_root: bool = True) -> None:
+                 exclude_root: bool = True, kill_below_gib: float = 0.6) -> None:
         super().__init__(daemon=True)
         self.root, self.mux_dir, self.interval = root, mux_dir, interval
         self.full_every, self.exclude_root = full_every, exclude_root
@@ -72,6 +72,9 @@ class TreeSampler(threading.Thread):
         self.peak_parts: dict[str, list] = {}
         self.samples = 0
         self.cpu_self = 0.0
+        # Below kill_below_gib of free memory the launch's own processes are killed (by pid):
+        # the machine is shared, and a node OOM would hit other people's containers too.
+        self.kill_below_gib, self.mem_min_gib, self.killed = kill_below_gib, float("inf"), False
         self.t0 = time.monotonic()
 
     def _classify(self, pid: int, st: tuple, tree_pids: set[int]) -> str | None:
@@ -128,6 +131,14 @@ class TreeSampler(threading.Thread):
             part[0] += 1
             part[1] += st[3]
         self.samples += 1
+        free = mem_available_gib()
+        self.mem_min_gib = min(self.mem_min_gib, free)
+        if free < self.kill_below_gib and not self.killed:
+            self.killed = True
+            for pid, kind in kinds.items():
+                if kind == "tree":
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, 9)
         if total > self.peak:
             self.peak, self.peak_parts = total, parts
             self.peak_at = time.monotonic() - self.t0
@@ -160,6 +171,7 @@ class TreeSampler(threading.Thread):
                                for k, v in sorted(self.peak_parts.items(),
                                                   key=lambda kv: -kv[1][1])},
                 "samples": self.samples, "sampler_cpu_s": round(self.cpu_self, 3),
+                "mem_available_min_gib": round(self.mem_min_gib, 2), "killed_low_mem": self.killed,
                 "serial_cpu": {k: round(v, 3) for k, v in serial.items()}}
 
 
@@ -191,6 +203,32 @@ def node_cpu(paths: dict[str, str]) -> dict[str, float]:
                         if line.startswith("usage_usec"))
             out[name] = usec / 1e6
     return out
+
+
+def node_mem_reset(paths: dict[str, str]) -> None:
+    """cgroup v1: restart each container's peak memory (memory.max_usage_in_bytes)."""
+    for path in paths.values():
+        f = CGROUP / "memory" / path.lstrip("/") / "memory.max_usage_in_bytes"
+        with contextlib.suppress(OSError):
+            f.write_text("0")
+
+
+def node_mem_peak(paths: dict[str, str]) -> dict[str, float]:
+    """MB: each container's peak memory since the reset (page cache included), v1 only."""
+    out = {}
+    for name, path in paths.items():
+        f = CGROUP / "memory" / path.lstrip("/") / "memory.max_usage_in_bytes"
+        with contextlib.suppress(OSError, ValueError):
+            out[name] = int(f.read_text()) / 2**20
+    return out
+
+
+def mem_available_gib() -> float:
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("inf")
 
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -302,3 +340,87 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     sxx = sum((x - mx) ** 2 for x in xs)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
     return my - b * mx, b
+
+
+# Latency of one round trip on a real cluster, beyond the CPU the model counts already: a LAN
+# round trip of 1 ms, three of them per task over an open ssh multiplexer (open a session,
+# send the module, get the result), and the strategy loop noticing the result, on average
+# half of ansible.cfg's internal_poll_interval (0.02 s) after it arrived, plus the next task's
+# queueing: one whole interval, to be safe.
+RTT_S = 0.001
+RTTS_PER_TASK = 3
+POLL_S = 0.02
+LATENCY_S = RTT_S * RTTS_PER_TASK + POLL_S
+# On this machine the round trip is a veth pair: its latency is the poll alone.
+LOCAL_LATENCY_S = POLL_S
+
+
+def model(rows: list[dict], method: str = "d", view: str = "shared",
+          fit_from: int = 8) -> dict | None:
+    """Fit the launch's costs over the sizes >= fit_from of one view:
+
+    controller CPU C(N) = a + b N, split into the serial part S(N) = s0 + s1 N (the driver's
+    and ansible-playbook's main process, one core whatever the controller has) and the rest
+    P(N) = p0 + p1 N (forked workers, ssh clients and multiplexers, rsync: spread over the
+    controller's cores); torchherd's own CPU on a node o(N) = o0 + o1 N (the method's node
+    CPU less pdsh's); peak controller memory M(N) = m0 + m1 N; round trips R before the
+    job starts and R_total in the whole launch."""
+    pts = [r for r in rows if r["view"] == view and r["nodes"] >= fit_from
+           and r[method].get("cpu_s") is not None and r["b"].get("cpu_s") is not None]
+    if not pts:
+        return None
+    xs = [r["nodes"] for r in pts]
+    a, b = fit_line(xs, [r[method]["cpu_s"] for r in pts])
+    serial = [r[method].get("serial_cpu") or 0.0 for r in pts]
+    s0, s1 = fit_line(xs, serial)
+    p0, p1 = fit_line(xs, [r[method]["cpu_s"] - s for r, s in zip(pts, serial, strict=True)])
+    own = [(r["nodes"], r[method]["own_node_cpu"]) for r in pts if "own_node_cpu" in r[method]]
+    o0, o1 = fit_line([x for x, _ in own], [y for _, y in own]) if own else (0.0, 0.0)
+    mem = [(r["nodes"], r[method]["peak_rss_mb"]) for r in pts if r[method].get("peak_rss_mb")]
+    m0, m1 = fit_line([x for x, _ in mem], [y for _, y in mem]) if mem else (0.0, 0.0)
+    trips = max(r[method].get("trips") or 0 for r in pts)
+    trips_total = max(r[method].get("trips_total") or 0 for r in pts)
+    return {"method": method, "view": view, "sizes": xs, "ctrl": [a, b], "serial": [s0, s1],
+            "parallel": [p0, p1], "own_node": [o0, o1], "own_node_points": own,
+            "mem": [m0, m1], "trips": trips, "trips_total": trips_total,
+            "latency_s": LATENCY_S}
+
+
+def predict(m: dict, n: int, cores: int) -> dict:
+    """A real cluster: the nodes work in parallel, each on its own CPUs (torchherd's own node
+    CPU paid once, not n times); the controller's serial part on one core, the rest over
+    `cores`; each round trip beyond pdsh's one adds the stated latency. What pdsh itself costs
+    (one ssh per node, about 0.02 CPU-s each) is left out on both sides."""
+    serial = m["serial"][0] + m["serial"][1] * n
+    parallel = (m["parallel"][0] + m["parallel"][1] * n) / cores
+    node = m["own_node"][0] + m["own_node"][1] * n
+    trips = (m["trips_total"] - 1) * m["latency_s"]
+    simple = m["ctrl"][0] + m["ctrl"][1] * n / cores + node + trips
+    return {"nodes": n, "cores": cores, "serial_s": serial, "parallel_s": parallel,
+            "node_s": node, "trips_s": trips, "total_s": serial + parallel + node + trips,
+            "simple_s": simple, "mem_mb": m["mem"][0] + m["mem"][1] * n,
+            "ctrl_cpu_s": m["ctrl"][0] + m["ctrl"][1] * n}
+
+
+def check_here(row: dict, method: str, cores: int) -> dict | None:
+    """This machine: the controller and every node on the same `cores` (shared view), or the
+    controller on one core and all nodes on another (separate view). The launch's extra CPU,
+    controller (method less pdsh) and nodes (torchherd's own, times n), over the cores it has,
+    plus the round trips' latency (veth: the poll interval), against the measured extra wall
+    time over pdsh (done and init)."""
+    n, r, b = row["nodes"], row[method], row["b"]
+    if r.get("cpu_s") is None or b.get("cpu_s") is None or "own_node_cpu" not in r:
+        return None
+    ctrl = r["cpu_s"] - b["cpu_s"]
+    node = n * r["own_node_cpu"]
+    trips = ((r.get("trips_total") or 1) - 1) * LOCAL_LATENCY_S
+    out = {"nodes": n, "view": row["view"], "ctrl_extra": ctrl, "node_extra": node,
+           "measured_done": r["done_s"] - b["done_s"],
+           "measured_init": (r["init_s"] - b["init_s"]) if r.get("init_s") and b.get("init_s")
+           else None}
+    if row["view"] == "separate":  # two cores of one each: between full overlap and none
+        out["pred_low"] = max(ctrl, node) + trips
+        out["pred_high"] = ctrl + node + trips
+    else:
+        out["pred_low"] = out["pred_high"] = (ctrl + node) / cores + trips
+    return out

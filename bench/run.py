@@ -138,6 +138,7 @@ def probe_start(ctx: dict | None) -> dict | None:
     if ctx is None:
         return None
     sampler = cost.TreeSampler(os.getpid(), str(CP_DIR))
+    cost.node_mem_reset(ctx["cgroups"])
     state = {"sampler": sampler, "nodes0": cost.node_cpu(ctx["cgroups"]),
              "t0": time.monotonic()}
     sampler.start()
@@ -154,6 +155,10 @@ def probe_end(ctx: dict | None, state: dict | None, r: dict) -> None:
     mem = state["sampler"].result()
     raw = cost.cpu_delta(state["nodes0"], after)
     node = {k: v - ctx["idle"].get(k, 0.0) * span for k, v in raw.items()}
+    node_mem = cost.node_mem_peak(ctx["cgroups"])
+    if node_mem:
+        r.update(node_mem_peak_mb=statistics.median(node_mem.values()),
+                 node_mem_peak_max_mb=max(node_mem.values()))
     r.update(mem, node_cpu={k: round(v, 3) for k, v in node.items()},
              node_cpu_med=statistics.median(node.values()), node_cpu_max=max(node.values()),
              node_cpu_sum=sum(node.values()), span_s=span)
@@ -194,7 +199,7 @@ def measure_shell(method: str, cluster: testbed.Cluster, port: int,
     r = {"method": method, "ok": ok, "init_s": init - t0 if init else None,
          "done_s": done, "cpu_s": cpu,
          # one ssh session per node, which starts the job: the floor
-         "round_trips": {"max": 1, "min": 1, "all_started": ok}}
+         "round_trips": {"max": 1, "min": 1, "total_max": 1, "all_started": ok}}
     probe_end(ctx, probe, r)
     return r
 
@@ -330,18 +335,11 @@ def machine() -> dict:
             model = line.split(":", 1)[1].strip()
             break
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
+                            text=True, cwd=ROOT).stdout.strip() or os.environ.get("BENCH_COMMIT")
     return {"nproc": os.cpu_count(), "cpu": model, "loadavg": os.getloadavg(), "commit": commit,
             "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                        time.gmtime())}
-
-
-def mem_available_gib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return float("inf")
 
 
 def measure_idle(cgroups: dict[str, str], seconds: float = 5.0) -> dict[str, float]:
@@ -355,7 +353,7 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
              watch: dict | None, alt_env: dict[str, str] | None = None,
              views: tuple[str, ...] = ("shared",), min_mem_gib: float = 2.0) -> dict:
     name = f"bench{n}"
-    log(f"up {name} ({n} nodes), free memory {mem_available_gib():.1f} GiB")
+    log(f"up {name} ({n} nodes), free memory {cost.mem_available_gib():.1f} GiB")
     t_up = time.monotonic()
     cluster = testbed.up(name, n)
     up_s = time.monotonic() - t_up
@@ -363,7 +361,7 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
     watch_res = []
     names = [node.name for node in cluster.nodes]
     cgroups = cost.container_cgroups(names)
-    mem_low = mem_available_gib()
+    mem_low = cost.mem_available_gib()
     idle_by_view = {}
     try:
         for node in cluster.nodes:  # a and b expect the code on the nodes already
@@ -373,6 +371,7 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                             str(work / "code" / "allreduce.py"),
                             f"root@{node.ip}:/root/bench/"], check=True)
         port = 29600
+        stopped = False
         for view in views:
             cost.set_view(view, names, cgroups, list(mux_cpu()))
             idle = measure_idle(cgroups)
@@ -381,7 +380,7 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
             log(f"view {view}: idle node CPU {idle_by_view[view]:.4f} CPU-s/s per node")
             for rep in range(reps):
                 for m in methods:
-                    free = mem_available_gib()
+                    free = cost.mem_available_gib()
                     mem_low = min(mem_low, free)
                     if free < min_mem_gib:
                         log(f"only {free:.1f} GiB free: skipping {view} rep {rep} {m}")
@@ -396,12 +395,21 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                         r = measure_torchherd(m, cluster, work, extra_env, ctx)
                     r.update(nodes=n, rep=rep, view=view)
                     results.append(r)
+                    mem_low = min(mem_low, r.get("mem_available_min_gib", mem_low))
                     rt = r.get("round_trips") or {}
                     log(f"n={n} {view} rep={rep} {m}: init {r.get('init_s') or 0:.2f} s done "
                         f"{r['done_s']:.2f} s cpu {r['cpu_s']:.2f} s "
                         f"mem {r.get('peak_rss_mb', 0):.0f} MB node cpu/node "
                         f"{r.get('node_cpu_med', 0):.2f} s trips {rt.get('max')} ok={r['ok']}")
-            if view == views[0]:
+                    if r.get("killed_low_mem"):
+                        log("memory ran low: the launch was killed, the size ends here")
+                        stopped = True
+                        break
+                if stopped:
+                    break
+            if stopped:
+                break
+            if view == views[0] and not stopped:
                 # With --alt-env, the watch of the other collection too, alternating (an A/B).
                 arms = [("", extra_env)] + ([("alt", {**extra_env, **alt_env})]
                                             if alt_env else [])
@@ -420,7 +428,8 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
         testbed.down(name)
         down_s = time.monotonic() - t_down
     return {"nodes": n, "runs": results, "watch": watch_res, "idle_node_cpu": idle_by_view,
-            "up_s": up_s, "down_s": down_s, "mem_available_min_gib": mem_low}
+            "up_s": up_s, "down_s": down_s, "mem_available_min_gib": mem_low,
+            "stopped_low_mem": stopped}
 
 
 def med(values: list) -> float | None:
@@ -445,8 +454,12 @@ def summarize(sizes: list[dict]) -> list[dict]:
                           "cpu_s": med([r["cpu_s"] for r in runs]),
                           "peak_rss_mb": med([r.get("peak_rss_mb") for r in runs]),
                           "node_cpu_med": med([r.get("node_cpu_med") for r in runs]),
+                          "node_mem_mb": med([r.get("node_mem_peak_mb") for r in runs]),
                           "trips": max((r["round_trips"]["max"] for r in runs
                                         if r.get("round_trips")), default=None),
+                          "trips_total": max((r["round_trips"].get("total_max", 0)
+                                              for r in runs if r.get("round_trips")),
+                                             default=None),
                           "serial_cpu": med([sum((r.get("serial_cpu") or {}).values())
                                              for r in runs if "serial_cpu" in r])}
                 if row[m]["cpu_s"] is not None:
@@ -476,6 +489,184 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+TARGETS = {  # at 8 nodes, relaunch d (c for the controller's full-launch figure)
+    "own_node_cpu": 0.5, "ctrl_per_node_d": 0.3, "ctrl_per_node_c": 0.5, "trips": 2,
+    "watch_per_node_hour": 1.0}
+
+
+def _met(value: float | None, target: float) -> str:
+    if value is None:
+        return "not measured"
+    return "met" if value <= target else "**not met**"
+
+
+def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
+    """The per-node cost of a launch: tables, round trips, targets, the model and its check."""
+    lines = ["", "## What a launch costs per node", "",
+             "Per view and size, medians over the repetitions. *ctrl CPU*: the controller's "
+             "CPU-seconds of the launching process tree, ssh multiplexers included, per node; "
+             "*serial*: of that, the driver's and ansible-playbook's main process (one core "
+             "whatever the controller has). *peak mem*: the peak over the launch of the sum of "
+             "RSS of the launching process tree and the ssh multiplexers, sampled every 50 ms "
+             "from /proc (RSS counts the pages Ansible's forked workers share with their "
+             "parent once per worker: an upper bound). *node CPU*: each node container's own "
+             "CPU accounting (cgroup cpuacct) over the launch, less the idle node's rate times "
+             "the launch's length, median over the nodes; *torchherd on node*: that less what "
+             "the same node used for the same job under pdsh (b) in the same view, per node "
+             "(median and max over the nodes). *node peak mem*: the container's peak memory "
+             "over the launch (cgroup memory.max_usage_in_bytes, page cache included), median "
+             "over the nodes. *trips*: tasks that ran on a node up to and "
+             "including the start (whole launch in brackets).", "",
+             "| view | nodes | method | reps | init (s) | done (s) | ctrl CPU/node (s) "
+             "| serial (s) | peak mem (MB) | mem/node (MB) | node CPU/node (s) "
+             "| torchherd on node (s) | node peak mem (MB) | trips |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for m in "bcd":
+            r = row[m]
+            if not r["n"]:
+                continue
+            own = (f"{fmt(r.get('own_node_cpu'))} / {fmt(r.get('own_node_cpu_max'))}"
+                   if "own_node_cpu" in r else "-")
+            lines.append(
+                f"| {row['view']} | {row['nodes']} | {m} | {r['n']} | {fmt(r['init_s'], '.1f')} "
+                f"| {fmt(r['done_s'], '.1f')} | {fmt(r.get('cpu_per_node'), '.3f')} "
+                f"| {fmt(r.get('serial_cpu') if m != 'b' else None)} "
+                f"| {fmt(r.get('peak_rss_mb'), '.0f')} | {fmt(r.get('rss_per_node_mb'), '.1f')} "
+                f"| {fmt(r.get('node_cpu_med'))} | {own} | {fmt(r.get('node_mem_mb'), '.0f')} "
+                f"| {r.get('trips') or '-'} ({r.get('trips_total') or '-'}) |")
+    # round trips: the task list of d and c at the smallest size >= 8 (or any)
+    pick = [s for s in sizes if s["nodes"] >= 8] or sizes
+    for m in "dc":
+        runs = [r for s in pick for r in s["runs"] if r["method"] == m and r["ok"]
+                and r.get("round_trips", {}).get("tasks")]
+        if not runs:
+            continue
+        rt = runs[0]["round_trips"]
+        lines += ["", f"### Round trips before the job starts: {METHODS[m]} "
+                  f"({runs[0]['nodes']} nodes, {runs[0].get('view', 'shared')})", "",
+                  f"{rt['max']} per node (min {rt['min']} over the nodes; the whole launch "
+                  f"{rt.get('total_max', '-')}), against pdsh's 1. Counted from the child's "
+                  "ansible-runner events: per node, the ok/failed/unreachable results of tasks "
+                  "that are not controller-only actions (set_fact, assert, debug, run_record, "
+                  "...) and not delegated, up to the first result of "
+                  f"`{cost.START_ACTION}` from `{cost.START_FILE}` (the start, included). "
+                  f"Besides, {rt['skipped_per_node']} tasks were skipped per node before the "
+                  "start (Ansible forks a worker per node to find that out, no round trip) and "
+                  f"{rt['local_per_node']} ran on the controller under a node's name.", "",
+                  "| task | action | file | on the node | results |", "|---|---|---|---|---|"]
+        for t in rt["tasks"]:
+            where = (t["file"] or "").split("/cluster/")[-1]
+            lines.append(f"| {t['task']} | {t['action']} | {where} | "
+                         f"{'yes' if t['remote'] else 'no'} | {t['hosts']} |")
+    # targets
+    row8 = next((r for r in rows if r["nodes"] == 8 and r["view"] == "shared"), None)
+    watch = [w for s in sizes for w in s.get("watch") or [] if not w.get("arm")]
+    if row8:
+        d, c = row8["d"], row8["c"]
+        wv = watch[0]["cpu_per_node_hour"] if watch else None
+        lines += ["", "## Targets (8 nodes, shared view, relaunch d with unchanged code)", "",
+                  "| what | target | measured | |", "|---|---|---|---|",
+                  f"| torchherd's own node CPU per node (d) | <= {TARGETS['own_node_cpu']} CPU-s "
+                  f"| {fmt(d.get('own_node_cpu'))} (max {fmt(d.get('own_node_cpu_max'))}) "
+                  f"| {_met(d.get('own_node_cpu'), TARGETS['own_node_cpu'])} |",
+                  f"| controller CPU per node, relaunch d | <= {TARGETS['ctrl_per_node_d']} CPU-s "
+                  f"| {fmt(d.get('cpu_per_node'), '.3f')} "
+                  f"| {_met(d.get('cpu_per_node'), TARGETS['ctrl_per_node_d'])} |",
+                  f"| controller CPU per node, launch c | <= {TARGETS['ctrl_per_node_c']} CPU-s "
+                  f"| {fmt(c.get('cpu_per_node'), '.3f')} "
+                  f"| {_met(c.get('cpu_per_node'), TARGETS['ctrl_per_node_c'])} |",
+                  f"| round trips before the job starts (d) | <= {TARGETS['trips']} "
+                  f"| {d.get('trips') or '-'} | {_met(d.get('trips'), TARGETS['trips'])} |",
+                  f"| watching, CPU-s per node per hour | <= {TARGETS['watch_per_node_hour']} "
+                  f"| {fmt(wv)} | {_met(wv, TARGETS['watch_per_node_hour'])} |"]
+        sep8 = next((r for r in rows if r["nodes"] == 8 and r["view"] == "separate"), None)
+        if sep8:
+            lines += ["", "Separate cores at 8 nodes: torchherd's own node CPU "
+                      f"{fmt(sep8['d'].get('own_node_cpu'))} CPU-s per node, controller "
+                      f"{fmt(sep8['d'].get('cpu_per_node'), '.3f')} (d) and "
+                      f"{fmt(sep8['c'].get('cpu_per_node'), '.3f')} (c) CPU-s per node."]
+    # the model
+    mod = cost.model(rows, "d")
+    if mod:
+        modc = cost.model(rows, "c")
+        (s0, s1), (p0, p1), (o0, o1) = mod["serial"], mod["parallel"], mod["own_node"]
+        (a, b), (m0, m1) = mod["ctrl"], mod["mem"]
+        lines += [
+            "", "## A model of the launch overhead", "",
+            f"Fitted by least squares over the shared view's sizes {mod['sizes']}, relaunch d "
+            "(code unchanged):", "",
+            f"- controller CPU C(N) = {a:.2f} + {b:.3f} N CPU-s, of which serial (the driver "
+            f"and ansible-playbook's main process) S(N) = {s0:.2f} + {s1:.3f} N and the rest "
+            f"(forked workers, ssh clients, multiplexers) P(N) = {p0:.2f} + {p1:.3f} N;",
+            f"- torchherd's own CPU on each node o(N) = {o0:.2f} + {o1:.4f} N CPU-s (node CPU "
+            "of d less pdsh's, per node);",
+            f"- peak controller memory M(N) = {m0:.0f} + {m1:.1f} N MB (RSS sum);",
+            f"- {mod['trips']} round trips per node before the job starts, "
+            f"{mod['trips_total']} in the whole launch (pdsh: 1).", "",
+            "On a real cluster the nodes work in parallel on their own CPUs: torchherd's node "
+            "CPU is paid once, not N times. The controller's serial part runs on one core, "
+            "the rest spreads over its K cores. Each round trip beyond pdsh's one adds a "
+            f"latency L = {cost.RTTS_PER_TASK} x {cost.RTT_S * 1000:.0f} ms (a LAN round trip "
+            "per session open, module send, result over the open ssh multiplexer) + "
+            f"{cost.POLL_S * 1000:.0f} ms (ansible.cfg's internal_poll_interval: the strategy "
+            f"loop notices a result at its next look) = {cost.LATENCY_S * 1000:.0f} ms; their "
+            "CPU is in C and o already. The overhead of a blocking launch over pdsh is then",
+            "", "    T(N, K) = S(N) + P(N) / K + o(N) + (R_total - 1) L", "",
+            "(the issue's simpler form, every controller CPU-second spread over K cores: "
+            "T' = C(0) + (C(N) - C(0)) / K + o(N) + (R_total - 1) L, with C(0) the fixed "
+            "start-up on one core).", "",
+            "### The model against this machine", "",
+            "Here the nodes are no help: in the shared view the controller and all nodes "
+            f"share the machine's {info['nproc']} cores, so the launch's extra CPU (controller: "
+            "d less b; nodes: N x torchherd's own per node) should take its sum over the "
+            "cores in wall time; in the separate view the controller has CPU 0 and all nodes "
+            "CPU 1, so between the larger of the two (all overlapped) and their sum (none). "
+            f"Plus (R_total - 1) x {cost.LOCAL_LATENCY_S * 1000:.0f} ms (the poll interval; a "
+            "veth round trip is free). Measured: the extra wall time over pdsh (done; init in "
+            "brackets).", "",
+            "| view | nodes | method | extra ctrl CPU (s) | extra node CPU (s) | predicted (s) "
+            "| measured done (init) (s) |", "|---|---|---|---|---|---|---|"]
+        for row in rows:
+            for m in "cd":
+                chk = cost.check_here(row, m, info["nproc"])
+                if not chk:
+                    continue
+                pred = (fmt(chk["pred_low"], ".1f") if chk["pred_low"] == chk["pred_high"]
+                        else f"{chk['pred_low']:.1f}-{chk['pred_high']:.1f}")
+                lines.append(f"| {row['view']} | {row['nodes']} | {m} | {chk['ctrl_extra']:.1f} "
+                             f"| {chk['node_extra']:.1f} | {pred} "
+                             f"| {chk['measured_done']:.1f} ({fmt(chk['measured_init'], '.1f')}) |")
+        lines += ["", "### Predictions for a real cluster", "",
+                  "| nodes | controller cores | method | serial S (s) | P/K (s) | node o (s) "
+                  "| trips (s) | T (s) | T' (s) | controller CPU (s) | peak mem (GB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for mm in (mod, modc):
+            if not mm:
+                continue
+            for n, k in ((8, 8), (64, 8), (256, 8), (256, 32)):
+                pr = cost.predict(mm, n, k)
+                lines.append(f"| {n} | {k} | {mm['method']} | {pr['serial_s']:.1f} "
+                             f"| {pr['parallel_s']:.1f} | {pr['node_s']:.2f} "
+                             f"| {pr['trips_s']:.2f} | **{pr['total_s']:.1f}** "
+                             f"| {pr['simple_s']:.1f} | {pr['ctrl_cpu_s']:.0f} "
+                             f"| {pr['mem_mb'] / 1024:.1f} |")
+    # what the runs cost
+    lines += ["", "## What the runs cost this machine", "",
+              "| nodes | views | bring-up (s) | teardown (s) | least free memory (GiB) "
+              "| sampler CPU per launch (s) | idle node CPU (CPU-s/s) |",
+              "|---|---|---|---|---|---|---|"]
+    for s in sizes:
+        sampler = med([r.get("sampler_cpu_s") for r in s["runs"]])
+        idle = "/".join(f"{v:.4f}" for v in (s.get("idle_node_cpu") or {}).values())
+        views = ", ".join(dict.fromkeys(r.get("view", "shared") for r in s["runs"]))
+        lines.append(f"| {s['nodes']} | {views} | {fmt(s.get('up_s'), '.0f')} "
+                     f"| {fmt(s.get('down_s'), '.0f')} "
+                     f"| {fmt(s.get('mem_available_min_gib'), '.1f')} | {fmt(sampler)} "
+                     f"| {idle or '-'} |")
+    return lines
+
+
 def write_markdown(path: Path, info: dict, rows: list[dict], sizes: list[dict],
                    note: str) -> None:
     lines = [
@@ -490,18 +681,23 @@ def write_markdown(path: Path, info: dict, rows: list[dict], sizes: list[dict],
         "",
         "allreduce.py, one process per node. Medians; seconds from launch start. "
         "a = parallel ssh loop, b = pdsh, c = torchherd launch, d = torchherd relaunch "
-        "(code unchanged). CPU = controller CPU-seconds of the launching process tree.",
+        "(code unchanged). CPU = controller CPU-seconds of the launching process tree. "
+        "View shared: the controller and the nodes on all CPUs; separate (--separate-cores): "
+        "the controller (this script and all it starts, the ssh multiplexers too) on CPU 0, "
+        "every node container on CPU 1 (cgroup cpuset). Code: commit "
+        f"{info.get('commit') or '-'}, collection of that commit.",
         "",
-        "| nodes | reps | init a/b/c/d | done a | done b | done c | done d | c/b | d/b "
+        "| view | nodes | reps | init a/b/c/d | done a | done b | done c | done d | c/b | d/b "
         "| c-b (s) | d-b (s) | CPU/node b | CPU/node c | CPU/node d |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         b = row["b"]["done_s"]
         c, d = row["c"]["done_s"], row["d"]["done_s"]
         inits = "/".join(fmt(row[m]["init_s"], ".1f") for m in METHODS)
         lines.append(
-            f"| {row['nodes']} | {row['c']['n']} | {inits} | {fmt(row['a']['done_s'])} "
+            f"| {row['view']} | {row['nodes']} | {row['c']['n']} | {inits} "
+            f"| {fmt(row['a']['done_s'])} "
             f"| {fmt(b)} | {fmt(c)} | {fmt(d)} | {fmt(c / b if c and b else None)} "
             f"| {fmt(d / b if d and b else None)} "
             f"| {fmt(c - b if c and b else None)} | {fmt(d - b if d and b else None)} "
@@ -518,11 +714,13 @@ def write_markdown(path: Path, info: dict, rows: list[dict], sizes: list[dict],
                   f"**{w['cpu_per_node_hour']:.1f} CPU-s per node per hour**. "
                   "A detached job costs the controller nothing after the launch."]
     # profile at the largest size with c runs
+    lines += cost_sections(info, rows, sizes)
     prof = [s for s in sizes if any(r["method"] == "c" and r["ok"] for r in s["runs"])]
     if prof:
         s = next((x for x in prof if x["nodes"] == 8), prof[-1])
         for m in "cd":
-            runs = [r for r in s["runs"] if r["method"] == m and r["ok"]]
+            runs = [r for r in s["runs"] if r["method"] == m and r["ok"]
+                    and r.get("view", "shared") == "shared"]
             if not runs:
                 continue
             lines += ["", f"## Profile of {METHODS[m]} at {s['nodes']} nodes (median of "
@@ -555,19 +753,40 @@ def write_plot(path: Path, rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    xs = [r["nodes"] for r in rows]
-    for m, label in METHODS.items():
-        ax1.plot(xs, [r[m]["done_s"] for r in rows], marker="o", label=f"{m}: {label}")
-        ax2.plot(xs, [r[m].get("cpu_per_node") for r in rows], marker="o", label=label)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    (ax1, ax2), (ax3, ax4) = axes
+    colors = {"a": "C0", "b": "C1", "c": "C2", "d": "C3"}
+    allx = sorted({r["nodes"] for r in rows})
+    for view, style in (("shared", "-"), ("separate", "--")):
+        vrows = [r for r in rows if r["view"] == view]
+        if not vrows:
+            continue
+        xs = [r["nodes"] for r in vrows]
+        for m, label in METHODS.items():
+            if not any(r[m]["n"] for r in vrows):
+                continue
+            kw = {"marker": "o", "ls": style, "color": colors[m],
+                  "label": f"{m}: {label} ({view})"}
+            ax1.plot(xs, [r[m]["done_s"] for r in vrows], **kw)
+            ax2.plot(xs, [r[m].get("cpu_per_node") for r in vrows], **kw)
+            ax4.plot(xs, [r[m].get("rss_per_node_mb") for r in vrows], **kw)
+            if m != "b":
+                ax3.plot(xs, [r[m].get("own_node_cpu") for r in vrows], **kw)
     ax1.set(xlabel="nodes", ylabel="seconds to done (median)", title="Launch to done")
-    ax2.set(xlabel="nodes", ylabel="controller CPU-s per node", title="Controller cost")
+    ax2.set(xlabel="nodes", ylabel="controller CPU-s per node",
+            title="Controller CPU per node (ssh multiplexers included)")
+    ax2.axhline(0.3, color="grey", ls=":", lw=0.8)
     ax2.axhline(0.5, color="grey", ls="--", lw=0.8)
-    for ax in (ax1, ax2):
+    ax3.set(xlabel="nodes", ylabel="CPU-s per node (method less pdsh)",
+            title="torchherd's own CPU on each node")
+    ax3.axhline(0.5, color="grey", ls="--", lw=0.8)
+    ax4.set(xlabel="nodes", ylabel="MB per node (peak RSS sum / nodes)",
+            title="Controller peak memory per node")
+    for ax in axes.flat:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xticks(allx, [str(x) for x in allx])
         ax.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -619,10 +838,14 @@ def main() -> int:
     p.add_argument("--tag", default="", help="results file suffix; docs only when empty")
     p.add_argument("--note", default="")
     p.add_argument("--from", dest="from_json", metavar="RESULTS",
-                   help="only write the docs from an earlier bench/results/*.json")
+                   help="only write the docs from earlier bench/results/*.json "
+                        "(comma-separated: their sizes together)")
     args = p.parse_args()
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
+        files = [json.loads(Path(f).read_text()) for f in args.from_json.split(",")]
+        saved = {"machine": files[-1]["machine"],
+                 "sizes": sorted((sz for f in files for sz in f["sizes"]),
+                                 key=lambda sz: sz["nodes"])}
         rows = summarize(saved["sizes"])
         write_markdown(ROOT / "docs" / "benchmark.md", saved["machine"], rows, saved["sizes"],
                        args.note)

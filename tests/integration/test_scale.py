@@ -1,0 +1,66 @@
+"""More nodes than Ansible forks: 32 real nodes launched with forks 8. The start's barrier runs
+in the supervisors (the later nodes start while the first wait there) and the nodes stop each
+other after a failure, so no node waits for a controller worker to be stopped."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from driver import launch
+from driver.api import Exit
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NODES, FORKS = 32, 8
+OK_LINE = re.compile(r"torchherd-allreduce ok host=\S+ node_rank=(\d+) local_rank=\d+ rank=(\d+) "
+                     r"sum=(\S+) expected=(\S+)")
+
+
+def job(run_id, *args):
+    # A window for the barrier that covers the batches of forks (each start returns at once).
+    return {"script": "allreduce.py", "args": list(args), "code_src": str(EXAMPLES),
+            "nproc_per_node": 1, "run_id": run_id, "probe_window": 60}
+
+
+def test_32_nodes_with_8_forks_run_and_stop_together_after_a_failure(make_cluster, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.setenv("ANSIBLE_FORKS", str(FORKS))
+    cluster = make_cluster("forks32", NODES)
+    result = launch(job("forks-ok"), cluster.inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    found = []
+    for node in cluster.nodes:
+        log = (tmp_path / "forks-ok" / "nodes" / node.name / "node.log").read_text()
+        found += OK_LINE.findall(log)
+    assert sorted(int(f[1]) for f in found) == list(range(NODES))
+    assert {(f[2], f[3]) for f in found} == {(str(NODES * (NODES - 1) // 2),) * 2}
+    # Every node met at the barrier in its supervisor, not in the start task.
+    barrier = json.loads((tmp_path / "forks-ok" / "nodes" / cluster.nodes[0].name
+                          / "barrier.json").read_text())
+    assert barrier["go"] and barrier["served"] == NODES
+
+    # Rank 20 raises a second after the all-reduce; its node tells the master's supervisor,
+    # which stops every node: all within 10 s, whatever the controller's workers are doing.
+    failed = launch(job("forks-fail", "--fail-rank", "20", "--fail-after", "1"),
+                    cluster.inventory, runs_dir=tmp_path)
+    returned = time.time()
+    assert failed.exit_code == Exit.JOB_FAILED, failed.reason
+    summary = json.loads((tmp_path / "forks-fail" / "summary.json").read_text())
+    culprit = cluster.nodes[20].name
+    assert culprit in summary["reason"] and "injected failure on rank 20" in summary["reason"]
+    log = (tmp_path / "forks-fail" / "nodes" / culprit / "node.log").read_text()
+    failed_at = float(re.search(r"torchherd-fail rank=20 t=([\d.]+)", log).group(1))
+    slowest = max(h["ended_at"] - failed_at for h in summary["hosts"].values())
+    assert slowest < 10, f"the last node stopped {slowest:.1f} s after the failure"
+    assert {h["state"] for n, h in summary["hosts"].items() if n != culprit} <= {"stopped",
+                                                                                "failed"}
+    print(f"32 nodes, forks 8: failure -> all stopped {slowest:.1f} s, "
+          f"-> launch returned {returned - failed_at:.1f} s")
+    for node in cluster.nodes:
+        assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == [], node.name
