@@ -18,6 +18,13 @@ controller's CPU-seconds (RUSAGE_CHILDREN delta of the launching process tree, p
 ssh ControlPersist masters Ansible leaves behind, which are not our children).
 Then the watch cost: a watched --sleep job, CPU of the driver tree over a fixed window.
 
+Per launch also (bench/cost.py): the controller's peak memory (sum of RSS of the launching
+tree and the ssh multiplexers, every 50 ms), each node container's own CPU (cgroup) less the
+same job's under pdsh, the round trips to a node before the start (from the child's
+ansible-runner events), and a model of the overhead on a real cluster fitted to them.
+--separate-cores adds a second view: the controller on CPU 0, the node containers on CPU 1.
+Sizes of --lock-from nodes and more hold /tmp/torchherd-heavy.lock (the machine is shared).
+
 Writes docs/benchmark.md, docs/benchmark.png and bench/results/*.json.
 """
 
@@ -234,10 +241,18 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
     run_dir = work / "runs" / res["run_id"]
     text = "\n".join(p.read_text(errors="replace") for p in run_dir.glob("nodes/*/node.log"))
     init = init_time(text)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):  # stopped before the summary (preflight failed)
+        summary = {}
     ok = res["exit_code"] == 0 and text.count("torchherd-allreduce ok") == len(cluster.nodes)
     if not ok:
-        log(f"{method} failed: {res}")
+        problems = ""
+        with contextlib.suppress(OSError, json.JSONDecodeError, AttributeError):
+            gate = json.loads((run_dir / "preflight.json").read_text()).get("gate") or {}
+            problems = "; ".join(f"{x.get('host')}: {x.get('found')}"
+                                 for x in gate.get("problems") or [])[:600]
+        log(f"{method} failed: {res} {problems}")
     r = {"method": method, "ok": ok, "init_s": init - t0 if init else None,
          "done_s": done, "cpu_s": cpu + mux, "cpu_mux_s": mux, "run_id": res["run_id"],
          "timings": summary.get("timings"), "tasks": task_times(events),
@@ -386,13 +401,18 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                         log(f"only {free:.1f} GiB free: skipping {view} rep {rep} {m}")
                         continue
                     port += 1
-                    if m in "ab":
-                        r = measure_shell(m, cluster, port, ctx)
-                    elif m in ALT_METHODS:
-                        r = measure_torchherd(m, cluster, work,
-                                              {**extra_env, **(alt_env or {})}, ctx)
-                    else:
-                        r = measure_torchherd(m, cluster, work, extra_env, ctx)
+                    try:
+                        if m in "ab":
+                            r = measure_shell(m, cluster, port, ctx)
+                        elif m in ALT_METHODS:
+                            r = measure_torchherd(m, cluster, work,
+                                                  {**extra_env, **(alt_env or {})}, ctx)
+                        else:
+                            r = measure_torchherd(m, cluster, work, extra_env, ctx)
+                    except Exception as exc:  # noqa: BLE001 - one bad run must not end the size
+                        log(f"{m} raised {exc!r}")
+                        r = {"method": m, "ok": False, "done_s": 0.0, "cpu_s": 0.0,
+                             "error": repr(exc)}
                     r.update(nodes=n, rep=rep, view=view)
                     results.append(r)
                     mem_low = min(mem_low, r.get("mem_available_min_gib", mem_low))

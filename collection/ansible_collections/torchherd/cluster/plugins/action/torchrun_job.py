@@ -14,6 +14,10 @@ Doing it here rather than in a second task keeps the watch at one task per node;
 is only there for the rare case still costs the controller a worker per node on every launch,
 even where it is skipped.
 
+With a wait's O(hang), the action is the hang watch's controller side (HangWatch below): it
+tells the node the quiet spell it knows of, keeps what every node said in the run directory
+and declares the job hung once all are quiet.
+
 Every answer gets C(received_at), the controller's time when it came back: with the node's own
 C(checked_at) it gives how far that node's clock is off, so that times of different nodes can
 be compared (summary.json's root cause, timings) without the clocks agreeing.
