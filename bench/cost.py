@@ -52,7 +52,8 @@ def _cmdline(pid: int) -> str:
 
 class TreeSampler(threading.Thread):
     """Every `interval` s: the RSS of every live descendant of `root` (not `root` itself when
-    `exclude_root`) plus every ssh multiplexer whose command line names `mux_dir`; the peak of
+    `exclude_root`) plus every ssh multiplexer whose command line names `mux_dir` (none when
+    it is empty); the peak of
     the sum, with its make-up by command, and each process's last seen own CPU time.
 
     New pids are read as they appear; the ones found foreign are not read again, except in a
@@ -83,7 +84,8 @@ class TreeSampler(threading.Thread):
             return "root"
         if ppid in tree_pids:
             return "tree"
-        if comm == "ssh" and self.mux_dir in _cmdline(pid) and "[mux]" in _cmdline(pid):
+        if self.mux_dir and comm == "ssh" and self.mux_dir in _cmdline(pid) \
+                and "[mux]" in _cmdline(pid):
             return "mux"
         return None
 
@@ -355,8 +357,11 @@ LATENCY_S = RTT_S * RTTS_PER_TASK + POLL_S
 LOCAL_LATENCY_S = POLL_S
 
 
+CALIBRATE = 2  # nodes: the size that sets the fixed wait
+
+
 def model(rows: list[dict], method: str = "d", view: str = "shared",
-          fit_from: int = 8) -> dict | None:
+          fit_from: int = 8, cores: int = 2) -> dict | None:
     """Fit the launch's costs over the sizes >= fit_from of one view:
 
     controller CPU C(N) = a + b N, split into the serial part S(N) = s0 + s1 N (the driver's
@@ -364,7 +369,8 @@ def model(rows: list[dict], method: str = "d", view: str = "shared",
     P(N) = p0 + p1 N (forked workers, ssh clients and multiplexers, rsync: spread over the
     controller's cores); torchherd's own CPU on a node o(N) = o0 + o1 N (the method's node
     CPU less pdsh's); peak controller memory M(N) = m0 + m1 N; round trips R before the
-    job starts and R_total in the whole launch."""
+    job starts and R_total in the whole launch; a fixed wait W (time without CPU), the part
+    of the extra wall time at CALIBRATE nodes that the CPU terms do not explain."""
     pts = [r for r in rows if r["view"] == view and r["nodes"] >= fit_from
            and r[method].get("cpu_s") is not None and r["b"].get("cpu_s") is not None]
     if not pts:
@@ -380,7 +386,13 @@ def model(rows: list[dict], method: str = "d", view: str = "shared",
     m0, m1 = fit_line([x for x, _ in mem], [y for _, y in mem]) if mem else (0.0, 0.0)
     trips = max(r[method].get("trips") or 0 for r in pts)
     trips_total = max(r[method].get("trips_total") or 0 for r in pts)
-    return {"method": method, "view": view, "sizes": xs, "ctrl": [a, b], "serial": [s0, s1],
+    # The waits that use no CPU: at CALIBRATE nodes the launch is chain-bound, and what the
+    # chain does not explain is taken as a fixed wait (both views, median).
+    resid = [c["measured_done"] - c["chain"] for r in rows if r["nodes"] == CALIBRATE
+             for c in [check_here(r, method, cores)] if c]
+    wait = statistics.median(resid) if resid else 0.0
+    return {"wait_s": wait, "wait_points": resid, "method": method, "view": view,
+            "sizes": xs, "ctrl": [a, b], "serial": [s0, s1],
             "parallel": [p0, p1], "own_node": [o0, o1], "own_node_points": own,
             "mem": [m0, m1], "trips": trips, "trips_total": trips_total,
             "latency_s": LATENCY_S}
@@ -395,32 +407,42 @@ def predict(m: dict, n: int, cores: int) -> dict:
     parallel = (m["parallel"][0] + m["parallel"][1] * n) / cores
     node = m["own_node"][0] + m["own_node"][1] * n
     trips = (m["trips_total"] - 1) * m["latency_s"]
-    simple = m["ctrl"][0] + m["ctrl"][1] * n / cores + node + trips
+    wait = max(m.get("wait_s", 0.0), 0.0)
+    simple = m["ctrl"][0] + m["ctrl"][1] * n / cores + node + trips + wait
     return {"nodes": n, "cores": cores, "serial_s": serial, "parallel_s": parallel,
-            "node_s": node, "trips_s": trips, "total_s": serial + parallel + node + trips,
+            "node_s": node, "trips_s": trips, "wait_s": wait,
+            "total_s": serial + parallel + node + trips + wait,
             "simple_s": simple, "mem_mb": m["mem"][0] + m["mem"][1] * n,
             "ctrl_cpu_s": m["ctrl"][0] + m["ctrl"][1] * n}
 
 
-def check_here(row: dict, method: str, cores: int) -> dict | None:
-    """This machine: the controller and every node on the same `cores` (shared view), or the
-    controller on one core and all nodes on another (separate view). The launch's extra CPU,
-    controller (method less pdsh) and nodes (torchherd's own, times n), over the cores it has,
-    plus the round trips' latency (veth: the poll interval), against the measured extra wall
-    time over pdsh (done and init)."""
+def check_here(row: dict, method: str, cores: int, wait: float = 0.0) -> dict | None:
+    """The model on this machine, against the measured extra wall time over pdsh (done, and
+    init). Two bounds, the larger wins: the chain T(N, K) with this machine's K (the serial
+    controller part, the rest over the controller's cores, torchherd's node CPU once, the
+    round trips at the poll interval: a veth round trip is free), and the work bound: here
+    the nodes are no help, every extra CPU-second (controller: the method less pdsh; nodes:
+    N x torchherd's own) needs a core of the machine. Shared view: the controller and all
+    nodes on all `cores`: work / cores. Separate view: the controller on CPU 0 and all nodes
+    on CPU 1: between the larger of the two (overlapped) and their sum (not)."""
     n, r, b = row["nodes"], row[method], row["b"]
     if r.get("cpu_s") is None or b.get("cpu_s") is None or "own_node_cpu" not in r:
         return None
     ctrl = r["cpu_s"] - b["cpu_s"]
+    serial = r.get("serial_cpu") or 0.0
     node = n * r["own_node_cpu"]
     trips = ((r.get("trips_total") or 1) - 1) * LOCAL_LATENCY_S
     out = {"nodes": n, "view": row["view"], "ctrl_extra": ctrl, "node_extra": node,
            "measured_done": r["done_s"] - b["done_s"],
            "measured_init": (r["init_s"] - b["init_s"]) if r.get("init_s") and b.get("init_s")
            else None}
-    if row["view"] == "separate":  # two cores of one each: between full overlap and none
-        out["pred_low"] = max(ctrl, node) + trips
-        out["pred_high"] = ctrl + node + trips
+    ctrl_cores = 1 if row["view"] == "separate" else cores
+    chain = serial + (ctrl - serial) / ctrl_cores + r["own_node_cpu"] + trips + wait
+    out["chain"] = chain
+    if row["view"] == "separate":
+        out["pred_low"] = max(chain, max(ctrl, node) + trips)
+        out["pred_high"] = max(chain, ctrl + node + trips)
     else:
-        out["pred_low"] = out["pred_high"] = (ctrl + node) / cores + trips
+        out["pred_low"] = out["pred_high"] = max(chain, (ctrl + node) / cores + trips)
+    out["bound"] = "chain" if chain >= out["pred_low"] else "work"
     return out

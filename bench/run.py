@@ -140,11 +140,12 @@ def init_time(text: str) -> float | None:
     return max(stamps) if stamps else None
 
 
-def probe_start(ctx: dict | None) -> dict | None:
-    """Before a launch: the nodes' CPU counters, and the controller's memory sampler."""
+def probe_start(ctx: dict | None, muxes: bool = True) -> dict | None:
+    """Before a launch: the nodes' CPU counters, and the controller's memory sampler (with
+    the ssh multiplexers of torchherd's Ansible unless `muxes` is false: a and b use none)."""
     if ctx is None:
         return None
-    sampler = cost.TreeSampler(os.getpid(), str(CP_DIR))
+    sampler = cost.TreeSampler(os.getpid(), str(CP_DIR) if muxes else "")
     cost.node_mem_reset(ctx["cgroups"])
     state = {"sampler": sampler, "nodes0": cost.node_cpu(ctx["cgroups"]),
              "t0": time.monotonic()}
@@ -174,7 +175,7 @@ def probe_end(ctx: dict | None, state: dict | None, r: dict) -> None:
 def measure_shell(method: str, cluster: testbed.Cluster, port: int,
                   ctx: dict | None = None) -> dict:
     n = len(cluster.nodes)
-    probe = probe_start(ctx)
+    probe = probe_start(ctx, muxes=False)
     cpu0 = children_cpu()
     t0 = time.time()
     if method == "a":
@@ -457,6 +458,16 @@ def med(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
+def peak_mb(r: dict) -> float | None:
+    """The launch's peak memory; for a and b without the ssh multiplexers that a torchherd
+    launch before them left alive (they use none; runs before that fix counted them)."""
+    if r.get("peak_rss_mb") is None:
+        return None
+    if r["method"] in "ab":
+        return r["peak_rss_mb"] - (r.get("peak_parts") or {}).get("ssh mux", [0, 0.0])[1]
+    return r["peak_rss_mb"]
+
+
 def summarize(sizes: list[dict]) -> list[dict]:
     """One row per view and size: medians over the repetitions of every method; the nodes'
     own CPU of torchherd (own_node_cpu: per node, the method's median less pdsh's, then the
@@ -472,7 +483,7 @@ def summarize(sizes: list[dict]) -> list[dict]:
                 row[m] = {"n": len(runs), "init_s": med([r.get("init_s") for r in runs]),
                           "done_s": med([r["done_s"] for r in runs]),
                           "cpu_s": med([r["cpu_s"] for r in runs]),
-                          "peak_rss_mb": med([r.get("peak_rss_mb") for r in runs]),
+                          "peak_rss_mb": med([peak_mb(r) for r in runs]),
                           "node_cpu_med": med([r.get("node_cpu_med") for r in runs]),
                           "node_mem_mb": med([r.get("node_mem_peak_mb") for r in runs]),
                           "trips": max((r["round_trips"]["max"] for r in runs
@@ -607,9 +618,9 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
                       f"{fmt(sep8['d'].get('cpu_per_node'), '.3f')} (d) and "
                       f"{fmt(sep8['c'].get('cpu_per_node'), '.3f')} (c) CPU-s per node."]
     # the model
-    mod = cost.model(rows, "d")
+    mod = cost.model(rows, "d", cores=info["nproc"])
     if mod:
-        modc = cost.model(rows, "c")
+        modc = cost.model(rows, "c", cores=info["nproc"])
         (s0, s1), (p0, p1), (o0, o1) = mod["serial"], mod["parallel"], mod["own_node"]
         (a, b), (m0, m1) = mod["ctrl"], mod["mem"]
         lines += [
@@ -623,7 +634,14 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
             "of d less pdsh's, per node);",
             f"- peak controller memory M(N) = {m0:.0f} + {m1:.1f} N MB (RSS sum);",
             f"- {mod['trips']} round trips per node before the job starts, "
-            f"{mod['trips_total']} in the whole launch (pdsh: 1).", "",
+            f"{mod['trips_total']} in the whole launch (pdsh: 1);",
+            f"- a fixed wait W = {mod['wait_s']:.1f} s: the extra wall time at "
+            f"{cost.CALIBRATE} nodes (chain-bound here) that the CPU terms below do not "
+            "explain (median of the views: "
+            + ", ".join(f"{w:.1f}" for w in mod["wait_points"]) + " s): time the launch "
+            "waits without using CPU, on a node or the controller (interpreter and ssh "
+            "start-up off-CPU, I/O, the modules' 0.1-0.25 s polls, the job's end reaching "
+            "the watch).", "",
             "On a real cluster the nodes work in parallel on their own CPUs: torchherd's node "
             "CPU is paid once, not N times. The controller's serial part runs on one core, "
             "the rest spreads over its K cores. Each round trip beyond pdsh's one adds a "
@@ -632,35 +650,41 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
             f"{cost.POLL_S * 1000:.0f} ms (ansible.cfg's internal_poll_interval: the strategy "
             f"loop notices a result at its next look) = {cost.LATENCY_S * 1000:.0f} ms; their "
             "CPU is in C and o already. The overhead of a blocking launch over pdsh is then",
-            "", "    T(N, K) = S(N) + P(N) / K + o(N) + (R_total - 1) L", "",
-            "(the issue's simpler form, every controller CPU-second spread over K cores: "
-            "T' = C(0) + (C(N) - C(0)) / K + o(N) + (R_total - 1) L, with C(0) the fixed "
-            "start-up on one core).", "",
+            "", "    T(N, K) = S(N) + P(N) / K + o(N) + (R_total - 1) L + W", "",
+            "(the issue's simpler form, every controller CPU-second but the fixed start-up "
+            "spread over K cores: T' = C(0) + (C(N) - C(0)) / K + o(N) + (R_total - 1) L + W; "
+            "it leaves out that ansible-playbook's main process handles every node's result "
+            "on one core).", "",
             "### The model against this machine", "",
-            "Here the nodes are no help: in the shared view the controller and all nodes "
-            f"share the machine's {info['nproc']} cores, so the launch's extra CPU (controller: "
-            "d less b; nodes: N x torchherd's own per node) should take its sum over the "
-            "cores in wall time; in the separate view the controller has CPU 0 and all nodes "
-            "CPU 1, so between the larger of the two (all overlapped) and their sum (none). "
-            f"Plus (R_total - 1) x {cost.LOCAL_LATENCY_S * 1000:.0f} ms (the poll interval; a "
-            "veth round trip is free). Measured: the extra wall time over pdsh (done; init in "
+            "The same terms, measured at each size, predict the extra wall time over pdsh "
+            "here as the larger of two bounds. *chain*: T(N, K) itself with this machine's "
+            f"K ({info['nproc']} cores shared; 1 for the controller in the separate view), "
+            f"L = {cost.LOCAL_LATENCY_S * 1000:.0f} ms (the poll interval; a veth round trip "
+            f"is free) and W (so at {cost.CALIBRATE} nodes it matches by construction). "
+            "*work*: here the nodes are no help, every extra CPU-second (controller: "
+            "the method less pdsh; nodes: N x torchherd's own) needs one of the machine's "
+            "cores: in the shared view their sum over the cores; in the separate view (the "
+            "controller on CPU 0, all nodes on CPU 1) between the larger of the two "
+            "(overlapped) and their sum (not). Small clusters are chain-bound, large ones "
+            "work-bound. Measured: the extra wall time over pdsh to done (to init in "
             "brackets).", "",
-            "| view | nodes | method | extra ctrl CPU (s) | extra node CPU (s) | predicted (s) "
-            "| measured done (init) (s) |", "|---|---|---|---|---|---|---|"]
+            "| view | nodes | method | extra ctrl CPU (s) | extra node CPU (s) | bound "
+            "| predicted (s) | measured done (init) (s) |", "|---|---|---|---|---|---|---|---|"]
         for row in rows:
             for m in "cd":
-                chk = cost.check_here(row, m, info["nproc"])
+                mm = mod if m == "d" else modc
+                chk = cost.check_here(row, m, info["nproc"], max(mm["wait_s"], 0.0) if mm else 0)
                 if not chk:
                     continue
                 pred = (fmt(chk["pred_low"], ".1f") if chk["pred_low"] == chk["pred_high"]
                         else f"{chk['pred_low']:.1f}-{chk['pred_high']:.1f}")
                 lines.append(f"| {row['view']} | {row['nodes']} | {m} | {chk['ctrl_extra']:.1f} "
-                             f"| {chk['node_extra']:.1f} | {pred} "
+                             f"| {chk['node_extra']:.1f} | {chk['bound']} | {pred} "
                              f"| {chk['measured_done']:.1f} ({fmt(chk['measured_init'], '.1f')}) |")
         lines += ["", "### Predictions for a real cluster", "",
                   "| nodes | controller cores | method | serial S (s) | P/K (s) | node o (s) "
-                  "| trips (s) | T (s) | T' (s) | controller CPU (s) | peak mem (GB) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| trips (s) | W (s) | T (s) | T' (s) | controller CPU (s) | peak mem (GB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for mm in (mod, modc):
             if not mm:
                 continue
@@ -668,7 +692,8 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
                 pr = cost.predict(mm, n, k)
                 lines.append(f"| {n} | {k} | {mm['method']} | {pr['serial_s']:.1f} "
                              f"| {pr['parallel_s']:.1f} | {pr['node_s']:.2f} "
-                             f"| {pr['trips_s']:.2f} | **{pr['total_s']:.1f}** "
+                             f"| {pr['trips_s']:.2f} | {pr['wait_s']:.1f} "
+                             f"| **{pr['total_s']:.1f}** "
                              f"| {pr['simple_s']:.1f} | {pr['ctrl_cpu_s']:.0f} "
                              f"| {pr['mem_mb'] / 1024:.1f} |")
     # what the runs cost
