@@ -247,8 +247,8 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
     except (OSError, json.JSONDecodeError):  # stopped before the summary (preflight failed)
         summary = {}
     ok = res["exit_code"] == 0 and text.count("torchherd-allreduce ok") == len(cluster.nodes)
+    problems = ""
     if not ok:
-        problems = ""
         with contextlib.suppress(OSError, json.JSONDecodeError, AttributeError):
             gate = json.loads((run_dir / "preflight.json").read_text()).get("gate") or {}
             problems = "; ".join(f"{x.get('host')}: {x.get('found')}"
@@ -258,6 +258,8 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
          "done_s": done, "cpu_s": cpu + mux, "cpu_mux_s": mux, "run_id": res["run_id"],
          "timings": summary.get("timings"), "tasks": task_times(events),
          "round_trips": cost.round_trips(events, [nd.name for nd in cluster.nodes])}
+    if not ok:
+        r["failure"] = f"exit code {res['exit_code']}: {summary.get('reason') or problems}"[:300]
     probe_end(ctx, probe, r)
     return r
 
@@ -371,7 +373,11 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
     name = f"bench{n}"
     log(f"up {name} ({n} nodes), free memory {cost.mem_available_gib():.1f} GiB")
     t_up = time.monotonic()
-    cluster = testbed.up(name, n)
+    try:  # 64 systemd containers on two cores take more than the default minute to boot
+        cluster = testbed.up(name, n, timeout=max(60.0, 5.0 * n))
+    except BaseException:
+        testbed.down(name)
+        raise
     up_s = time.monotonic() - t_up
     results: list[dict] = []
     watch_res = []
@@ -566,6 +572,20 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
                 f"| {fmt(r.get('peak_rss_mb'), '.0f')} | {fmt(r.get('rss_per_node_mb'), '.1f')} "
                 f"| {fmt(r.get('node_cpu_med'))} | {own} | {fmt(r.get('node_mem_mb'), '.0f')} "
                 f"| {r.get('trips') or '-'} ({r.get('trips_total') or '-'}) |")
+    failed = [r for sz in sizes for r in sz["runs"] if not r["ok"]]
+    if failed:
+        lines += ["", "Runs that failed (left out of every median above and of the model; their "
+                  "launch went through plan, facts, start, watch and collect all the same):", "",
+                  "| view | nodes | method | rep | done (s) | ctrl CPU/node (s) | peak mem (MB) "
+                  "| node CPU/node (s) | trips | what |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in failed:
+            n = r.get("nodes") or 1
+            lines.append(f"| {r.get('view', 'shared')} | {n} | {r['method']} | {r.get('rep')} "
+                         f"| {fmt(r.get('done_s'), '.1f')} | {fmt(r.get('cpu_s', 0) / n, '.3f')} "
+                         f"| {fmt(r.get('peak_rss_mb'), '.0f')} | {fmt(r.get('node_cpu_med'))} "
+                         f"| {(r.get('round_trips') or {}).get('max', '-')} "
+                         f"| {r.get('error') or r.get('failure') or 'the job failed'} |")
     # round trips: the task list of d and c at the smallest size >= 8 (or any)
     pick = [s for s in sizes if s["nodes"] >= 8] or sizes
     for m in "dc":
