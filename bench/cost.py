@@ -367,8 +367,8 @@ def model(rows: list[dict], method: str = "d", view: str = "shared",
     controller CPU C(N) = a + b N, split into the serial part S(N) = s0 + s1 N (the driver's
     and ansible-playbook's main process, one core whatever the controller has) and the rest
     P(N) = p0 + p1 N (forked workers, ssh clients and multiplexers, rsync: spread over the
-    controller's cores); torchherd's own CPU on a node o(N) = o0 + o1 N (the method's node
-    CPU less pdsh's); peak controller memory M(N) = m0 + m1 N; round trips R before the
+    controller's cores); torchherd's own CPU on a node o (the method's node CPU less pdsh's,
+    median over the sizes); peak controller memory M(N) = m0 + m1 N; round trips R before the
     job starts and R_total in the whole launch; a fixed wait W (time without CPU), the part
     of the extra wall time at CALIBRATE nodes that the CPU terms do not explain."""
     pts = [r for r in rows if r["view"] == view and r["nodes"] >= fit_from
@@ -381,7 +381,9 @@ def model(rows: list[dict], method: str = "d", view: str = "shared",
     s0, s1 = fit_line(xs, serial)
     p0, p1 = fit_line(xs, [r[method]["cpu_s"] - s for r, s in zip(pts, serial, strict=True)])
     own = [(r["nodes"], r[method]["own_node_cpu"]) for r in pts if "own_node_cpu" in r[method]]
-    o0, o1 = fit_line([x for x, _ in own], [y for _, y in own]) if own else (0.0, 0.0)
+    # A node's own work does not grow with the others (one facts, one start, one collect
+    # each): the median over the sizes, not a line (one noisy repetition would set a slope).
+    o0, o1 = (statistics.median(y for _, y in own), 0.0) if own else (0.0, 0.0)
     mem = [(r["nodes"], r[method]["peak_rss_mb"]) for r in pts if r[method].get("peak_rss_mb")]
     m0, m1 = fit_line([x for x, _ in mem], [y for _, y in mem]) if mem else (0.0, 0.0)
     trips = max(r[method].get("trips") or 0 for r in pts)

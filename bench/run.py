@@ -641,7 +641,7 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
     mod = cost.model(rows, "d", cores=info["nproc"])
     if mod:
         modc = cost.model(rows, "c", cores=info["nproc"])
-        (s0, s1), (p0, p1), (o0, o1) = mod["serial"], mod["parallel"], mod["own_node"]
+        (s0, s1), (p0, p1), (o0, _) = mod["serial"], mod["parallel"], mod["own_node"]
         (a, b), (m0, m1) = mod["ctrl"], mod["mem"]
         lines += [
             "", "## A model of the launch overhead", "",
@@ -650,8 +650,10 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
             f"- controller CPU C(N) = {a:.2f} + {b:.3f} N CPU-s, of which serial (the driver "
             f"and ansible-playbook's main process) S(N) = {s0:.2f} + {s1:.3f} N and the rest "
             f"(forked workers, ssh clients, multiplexers) P(N) = {p0:.2f} + {p1:.3f} N;",
-            f"- torchherd's own CPU on each node o(N) = {o0:.2f} + {o1:.4f} N CPU-s (node CPU "
-            "of d less pdsh's, per node);",
+            f"- torchherd's own CPU on each node o = {o0:.2f} CPU-s (node CPU of d less "
+            "pdsh's, per node; the median over the sizes: "
+            + ", ".join(f"{y:.2f} at {x}" for x, y in mod["own_node_points"])
+            + (f"; for c {modc['own_node'][0]:.2f}" if modc else "") + ");",
             f"- peak controller memory M(N) = {m0:.0f} + {m1:.1f} N MB (RSS sum);",
             f"- {mod['trips']} round trips per node before the job starts, "
             f"{mod['trips_total']} in the whole launch (pdsh: 1);",

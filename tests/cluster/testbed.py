@@ -584,6 +584,24 @@ def ensure_key() -> Path:
     return key
 
 
+# The kernel's ARP table is one for all network namespaces: every node of every cluster keeps an
+# entry per peer it talks to. A 32-node gloo job (32 x 31 entries) alone overflows the default
+# gc_thresh3 of 1024 ("arp_cache: neighbor table overflow"), and gloo's connects then fail with
+# "No route to host". Real nodes each have a table of their own.
+NEIGHBOUR_TABLE = {"gc_thresh1": 4096, "gc_thresh2": 16384, "gc_thresh3": 32768}
+
+
+def _room_in_the_neighbour_table() -> None:
+    """Raise the host's ARP table limits to NEIGHBOUR_TABLE where they are lower."""
+    for key, wanted in NEIGHBOUR_TABLE.items():
+        path = Path(f"/proc/sys/net/ipv4/neigh/default/{key}")
+        try:
+            if int(path.read_text()) < wanted:
+                path.write_text(f"{wanted}\n")
+        except (OSError, ValueError):
+            pass  # not root, or no such file: the clusters stay small enough
+
+
 def _blackhole_testbed_range() -> None:
     """Traffic for a test node whose network is gone must die here, never leave the machine.
 
@@ -629,6 +647,7 @@ def up(
 
     with _locked("networks"):
         _blackhole_testbed_range()
+        _room_in_the_neighbour_table()
         if subnet_index is None:
             subnet_index = free_subnet_index(own=name)
         prefix = subnet_prefix(subnet_index)
