@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -217,6 +219,14 @@ def print_to_fd_1(monkeypatch):
     monkeypatch.setattr(sys, "stdout", sys.__stdout__)
 
 
+def ready(paths, processes):
+    """Until the job said ready (its signal handlers are set) and has that many processes."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (
+            "ready" in log_text(paths) and len(job_pids(paths["dir"])) >= processes):
+        time.sleep(0.05)
+
+
 def log_text(paths):
     with open(paths["log"], encoding="utf-8") as handle:
         return handle.read()
@@ -314,3 +324,44 @@ def test_in_the_background_a_node_that_never_comes_calls_the_start_off(tmp_path)
     assert called_off["state"] == "failed"
     log = Path(master["log"]).read_text()
     assert "the start was called off" in log and "started" not in log
+
+
+def test_a_launcher_whose_workers_ended_gets_two_seconds_not_the_grace(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    # A launcher that stays after SIGTERM (as torchrun can, signalled in its own shutdown),
+    # and its worker, which the test ends.
+    launcher = ("import os, signal, subprocess, sys, time; subprocess.Popen([sys.executable, "
+                "'-c', 'import time; time.sleep(60)'], start_new_session=True); "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); os.write(1, b'ready\\n'); "
+                "time.sleep(60)")
+    spawn(params(), paths, python(launcher), {})
+    ready(paths, 2)
+    pid = read_state(paths)["pid"]
+    # The worker is in a session of its own: the launcher's group SIGTERM misses it, so end it.
+    worker = next(p for p in job_pids(paths["dir"]) if p != pid)
+    os.kill(worker, signal.SIGTERM)
+    began = time.monotonic()
+    killed = stop(paths, pid, 30)
+    took = time.monotonic() - began
+    assert killed == [pid]
+    assert 1.5 < took < 6, took
+    assert ended(paths)["state"] == "stopped"
+
+
+def test_a_second_stopper_sends_no_second_sigterm(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    # Counts the SIGTERMs it gets in the node log, and ends on the second.
+    counter = ("import os, signal, time\nn = [0]\ndef on(*_):\n    n[0] += 1\n"
+               "    os.write(1, b'term %d\\n' % n[0])\n    if n[0] > 1: os._exit(9)\n"
+               "signal.signal(signal.SIGTERM, on)\nos.write(1, b'ready\\n')\n"
+               "while True: time.sleep(0.05)\n")
+    spawn(params(), paths, python(counter), {})
+    ready(paths, 1)
+    pid = read_state(paths)["pid"]
+    stoppers = [threading.Thread(target=stop, args=(paths, pid, 1)) for _ in range(2)]
+    for thread in stoppers:
+        thread.start()
+    for thread in stoppers:
+        thread.join()
+    assert log_text(paths).count("term ") == 1
+    assert not job_pids(paths["dir"])

@@ -138,15 +138,47 @@ def read_state(paths):
     return {"state": "lost", "pid": pid, "exit_code": None}
 
 
+# Once the workers are gone, the launcher (torchrun, or the wrapper) holds nothing of the
+# user's: it gets this long to end by itself, not the whole grace. torchrun signalled while it
+# handles its workers' own failure can stay in its exit until killed.
+LAUNCHER_GRACE = 2.0
+
+
 def terminate(run_dir, pgid, grace):
-    """SIGTERM torchrun's group (it forwards to its workers), then SIGKILL whatever is left."""
+    """SIGTERM torchrun's group (it forwards to its workers), then SIGKILL whatever is left
+    after the grace (or LAUNCHER_GRACE after the last worker ended).
+
+    Only the first of several stoppers (the gang, the controller's stop, a timeout) sends the
+    SIGTERM: a second one, in the middle of torchrun's own shutdown, can leave it hanging. The
+    others wait for the same grace and kill what is left."""
     try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and job_pids(run_dir):
+        os.close(os.open(os.path.join(run_dir, "terminating"),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640))
+        first = True
+    except FileExistsError:
+        first = False
+    except OSError:
+        first = True
+    if first:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    now = time.monotonic()
+    deadline = now + grace
+    launcher_only = None
+    while now < deadline:
+        left = job_pids(run_dir)
+        if not left:
+            break
+        if set(left) <= {pgid}:
+            launcher_only = launcher_only or now
+            if now - launcher_only >= LAUNCHER_GRACE:
+                break
+        else:
+            launcher_only = None
         time.sleep(0.1)
+        now = time.monotonic()
     killed = []
     for _attempt in range(50):
         left = job_pids(run_dir)

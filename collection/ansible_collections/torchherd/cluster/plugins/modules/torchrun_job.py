@@ -21,6 +21,8 @@ description:
     of this module); a second failure returns RV(lost) with C(unreachable).
   - O(state=stopped) sends SIGTERM to torchrun (which stops its workers), then SIGKILL after
     O(grace) seconds to every process that carries the run's marker; nothing of the job remains.
+    Once the workers have ended, torchrun itself gets 2 s more, not the whole grace. Only the
+    first stopper of a run sends the SIGTERM; a second stop waits and kills what is left.
   - Every process of the job inherits C(TORCHHERD_RUN=<run dir>) in its environment, which is how
     stop and stale-job checks find workers that torchrun put in sessions of their own.
   - With O(wrapper), the supervisor runs torchrun through that command instead, e.g. C(srun), so
@@ -166,7 +168,8 @@ options:
     type: float
     default: 5
   grace:
-    description: Seconds between SIGTERM and SIGKILL when stopping.
+    description: Seconds between SIGTERM and SIGKILL when stopping (for the workers; torchrun
+      alone gets 2 s after its workers ended).
     type: float
     default: 10
   hang:
