@@ -315,6 +315,33 @@ def test_in_the_background_the_nodes_meet_and_one_failure_stops_the_others(tmp_p
         assert not job_pids(paths["dir"])
 
 
+def test_a_failed_worker_stops_the_others_before_its_launcher_ends(tmp_path):
+    port = free_port()
+    master = run_paths(str(tmp_path / "a"), "r1")
+    node = run_paths(str(tmp_path / "b"), "r1")
+    common = {"master_addr": "127.0.0.1", "master_port": port}
+    spawn(params(barrier=background(port, True), meta={"host": "a"}, **common), master,
+          python("import time; time.sleep(60)"), {})
+    # b's launcher does not look at its worker for a minute (as torchrun on starved cores):
+    # the worker's exit code is read from its zombie, and the others stop at once.
+    slow = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import sys, time; time.sleep(1); sys.exit(3)']); time.sleep(60)")
+    began = time.monotonic()
+    spawn(params(barrier=background(port, False), meta={"host": "b"}, **common), node,
+          python(slow), {})
+    stopped = ended(master, 20)
+    assert stopped["state"] == "stopped", stopped
+    assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
+    failed = ended(node, 20)
+    took = time.monotonic() - began
+    # b itself: failed with its worker's code, its launcher ended 2 s after the worker.
+    assert (failed["state"], failed["exit_code"]) == ("failed", 3)
+    assert "ended with exit code 3: the other nodes are told to stop" in log_text(node)
+    assert took < 15, took
+    for paths in (master, node):
+        assert not job_pids(paths["dir"])
+
+
 def test_in_the_background_a_node_that_never_comes_calls_the_start_off(tmp_path):
     port = free_port()
     master = run_paths(str(tmp_path / "a"), "r1")

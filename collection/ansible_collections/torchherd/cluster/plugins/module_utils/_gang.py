@@ -10,7 +10,12 @@ _supervisor), the supervisors keep a connection of their own: every node's to th
 on a port the master names with the barrier's go. A node whose launcher ends says so
 ("exit CODE"); the master answers a failure (or, with a static rendezvous, a node gone without
 a word) by telling every node to stop, and stops its own. A node that loses the master stops
-too (static). Elastic jobs leave lost nodes to torchrun."""
+too (static). Elastic jobs leave lost nodes to torchrun.
+
+Without restarts a node does not wait for its launcher's exit to say it failed: the moment one
+of its workers ends with an error, it says so (_supervisor's worker watch). torchrun takes
+0.5 s on an idle node to notice and end, and 10 s and more when every node's launcher handles
+the same failure at once on shared cores."""
 
 from __future__ import annotations
 
@@ -113,8 +118,9 @@ class Master:
         if said is None and not self.elastic:
             self.fail(f"the node at {peer} was lost (its link closed without an exit)")
 
-    def fail(self, why):
-        """Stop every node, this one included, once."""
+    def fail(self, why, own=False):
+        """Stop every node, once; this one too unless the failure is its own (`own`: its
+        launcher ends by itself)."""
         with self.lock:
             if self.failed:
                 return
@@ -122,7 +128,12 @@ class Master:
             links = list(self.links)
         for link in links:
             link.say(f"{STOP} {why}")
-        self.stop(why)
+        if not own:
+            self.stop(why)
+
+    def worker_failed(self, code, name):
+        """A worker here ended with `code` while the launcher still runs: stop the others now."""
+        self.fail(f"{name} ended with exit code {code}", own=True)
 
     def own_exit(self, code, name, linger=120.0):
         """This node's launcher ended: a failure stops the others; then wait for their word
@@ -170,6 +181,13 @@ class Member:
                 return
         if not self.done.is_set() and not self.elastic:
             self.stop("the master node was lost (its link closed)")
+
+    def worker_failed(self, code, name):
+        """A worker here ended with `code` while the launcher still runs: the master hears of
+        it now (and stops the others); a stop it sends back is not for this node."""
+        self.done.set()
+        if self.link is not None:
+            self.link.say(f"{EXIT} {name} {code}")
 
     def own_exit(self, code):
         self.done.set()

@@ -10,15 +10,18 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master, Member
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    LAUNCHER_GRACE,
     MARKER,
     load_json,
     proc_start_time,
@@ -176,6 +179,8 @@ def _meeting(p):
             "run_id": p["run_id"], "listen": b["listen"], "expect": b["expect"],
             "timeout": b["timeout"], "window": b["window"], "source": b["source"] or None,
             "elastic": p["rdzv"] == "c10d",
+            # Without restarts and wrapper, a worker's error is the node's: see _watch_workers.
+            "watch_workers": p["max_restarts"] == 0 and not p["wrapper"],
             "name": str(p["meta"].get("host") or socket.gethostname())}
 
 
@@ -246,6 +251,11 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
                                 stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
+        # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
+        if gang is not None and meeting.get("watch_workers") and hasattr(os, "pidfd_open"):
+            threading.Thread(target=_watch_workers, daemon=True,
+                             args=(proc, paths, grace, gang, meeting["name"],
+                                   running)).start()
         try:
             code = proc.wait(timeout=timeout or None)
         except subprocess.TimeoutExpired:
@@ -261,6 +271,8 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
         _say(f"cannot start torchrun: {exc}")
         write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     finally:
+        if running.get("worker_code") and code < 0:
+            code = running["worker_code"]  # the launcher was ended after its worker failed
         # ended_at first: whoever sees the exit code must find the end time too.
         meta = load_json(paths["meta"], {})
         meta["ended_at"] = time.time()
@@ -272,6 +284,65 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
         elif gang is not None:
             gang.own_exit(code)
         os._exit(0)
+
+
+def _watch_workers(proc, paths, grace, gang, name, running):
+    """The moment a worker of the launcher ends with an error, tell the gang (the other nodes
+    stop now, not once this launcher has handled the failure and ended), and end the launcher
+    if it has not ended LAUNCHER_GRACE s later. The kernel wakes this thread at the worker's
+    exit (a pidfd per worker); the exit code is the zombie's, read before the launcher reaps
+    it, which it does at its next look (torchrun: every 0.1 s). A worker the launcher reaped
+    first is left to the launcher's own exit. Workers are found once a second."""
+    poller = select.poll()
+    watched = {}
+    while proc.poll() is None:
+        for pid in _children(proc.pid):
+            if pid in watched.values():
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            watched[fd] = pid
+            poller.register(fd, select.POLLIN)
+        for fd, _event in poller.poll(1000):
+            pid = watched.pop(fd)
+            poller.unregister(fd)
+            code = _zombie_code(pid)
+            os.close(fd)
+            if code and proc.poll() is None and not os.path.exists(paths["stopped"]):
+                running["worker_code"] = code
+                _say(f"a worker (pid {pid}) ended with exit code {code}: the other nodes are "
+                     f"told to stop")
+                gang.worker_failed(code, name)
+                try:
+                    proc.wait(LAUNCHER_GRACE)
+                except subprocess.TimeoutExpired:
+                    terminate(paths["dir"], proc.pid, grace)
+                return
+
+
+def _children(pid):
+    """Pids of a process's children (its main thread's: where a launcher starts its workers)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as handle:
+            return [int(child) for child in handle.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _zombie_code(pid):
+    """The exit code of an ended, not yet reaped process (negative: the signal that ended it);
+    None once it is reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
 def _say(text):
