@@ -89,9 +89,6 @@ _PARSE_FAILED = re.compile(r"\[WARNING\]: (Failed to parse inventory with '\w+' 
 RUN_SETTINGS = {
     # Modules through SSH's stdin, not copied: one connection per task.
     "ANSIBLE_PIPELINING": "True",
-    # ansible-core's strategy loops sleep this long between looks for results; its default,
-    # 0.001 s, keeps the controller busy while it watches a job (docs/lifecycle.md).
-    "ANSIBLE_INTERNAL_POLL_INTERVAL": "0.02",
     # An inventory that does not parse is an error, not an empty node group.
     "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
     "ANSIBLE_NOCOLOR": "1",
@@ -109,6 +106,9 @@ SSH_EXTRA_ARGS = ("-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3",
 # (forks; 5 where none is set): with fewer forks than nodes its start barrier runs in the
 # background and the nodes stop each other after a failure, so it needs no worker per node.
 FORKS = 1024
+# What a run needs that no environment variable sets (internal_poll_interval), given where the
+# caller has no Ansible configuration at all; a caller's ansible.cfg is theirs to set it in.
+OWN_CONFIG = Path(__file__).with_name("ansible.cfg")
 
 
 def run_settings(environ: Any) -> dict[str, str]:
@@ -122,6 +122,10 @@ def run_settings(environ: Any) -> dict[str, str]:
         from ansible.config.manager import ConfigManager
         checking = ConfigManager().get_config_value("HOST_KEY_CHECKING")
         env["ANSIBLE_HOST_KEY_CHECKING"] = "True" if checking else "False"
+    from ansible.config.manager import find_ini_config_file
+    if "ANSIBLE_CONFIG" not in environ and find_ini_config_file() is None:
+        # No configuration of the caller's: the driver's own, for what has no variable.
+        env["ANSIBLE_CONFIG"] = str(OWN_CONFIG)
     env.update(collections_env(dict(environ)))
     # ansible-playbook of this interpreter's environment, also when it is not activated.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), environ.get("PATH", "")])

@@ -8,7 +8,14 @@ import tomllib
 import yaml
 
 from driver import paths
-from driver.runner import RUN_SETTINGS, SSH_EXTRA_ARGS, _cmdline, all_at_once, run_settings
+from driver.runner import (
+    OWN_CONFIG,
+    RUN_SETTINGS,
+    SSH_EXTRA_ARGS,
+    _cmdline,
+    all_at_once,
+    run_settings,
+)
 
 COLLECTION = paths.CHECKOUT / "collection" / "ansible_collections" / "torchherd" / "cluster"
 
@@ -27,8 +34,28 @@ def test_the_callers_environment_wins(tmp_path, monkeypatch):
                         "ANSIBLE_HOST_KEY_CHECKING": "False"})
     assert "ANSIBLE_PIPELINING" not in env  # the caller's own value stays
     assert "ANSIBLE_HOST_KEY_CHECKING" not in env
-    assert env["ANSIBLE_INTERNAL_POLL_INTERVAL"] == RUN_SETTINGS["ANSIBLE_INTERNAL_POLL_INTERVAL"]
+    assert env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] == RUN_SETTINGS[
+        "ANSIBLE_INVENTORY_UNPARSED_FAILED"]
     assert env["PATH"].endswith(os.pathsep + "/bin")
+
+
+def test_a_caller_without_ansible_configuration_gets_the_drivers(tmp_path, monkeypatch):
+    """internal_poll_interval has no environment variable: a configuration file sets it."""
+    from ansible.config.manager import ConfigManager
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if os.path.exists("/etc/ansible/ansible.cfg"):
+        return  # this machine's own configuration is the caller's
+    own = run_settings({"PATH": ""})["ANSIBLE_CONFIG"]
+    assert own == str(OWN_CONFIG)
+    monkeypatch.setenv("ANSIBLE_CONFIG", own)
+    assert ConfigManager().get_config_value("DEFAULT_INTERNAL_POLL_INTERVAL") == 0.02
+    # A caller's own ansible.cfg, or ANSIBLE_CONFIG, is theirs.
+    monkeypatch.delenv("ANSIBLE_CONFIG")
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nforks = 7\n")
+    assert "ANSIBLE_CONFIG" not in run_settings({"PATH": ""})
+    assert "ANSIBLE_CONFIG" not in run_settings({"PATH": "", "ANSIBLE_CONFIG": "/x.cfg"})
 
 
 def test_host_key_checking_follows_the_callers_ansible_cfg(tmp_path, monkeypatch):

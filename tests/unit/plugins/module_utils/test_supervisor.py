@@ -342,6 +342,28 @@ def test_a_failed_worker_stops_the_others_before_its_launcher_ends(tmp_path):
         assert not job_pids(paths["dir"])
 
 
+def test_after_a_barrier_in_the_start_call_the_supervisors_form_the_gang(tmp_path):
+    from ansible_collections.torchherd.cluster.plugins.module_utils._probe import bind
+    master = run_paths(str(tmp_path / "a"), "r1")
+    node = run_paths(str(tmp_path / "b"), "r1")
+    sock, _error = bind(0)
+    port = sock.getsockname()[1]
+    common = {"master_addr": "127.0.0.1", "master_port": free_port()}
+    inline = dict(background(0, True), background=False)
+    # The master's socket passes to its supervisor; the node joins with the port the go named.
+    spawn(params(barrier=inline, meta={"host": "a"}, **common), master,
+          python("import time; time.sleep(60)"), {}, gang={"sock": sock})
+    assert sock.fileno() == -1  # closed here: the supervisor's now
+    spawn(params(barrier=dict(inline, listen=False), meta={"host": "b"}, **common), node,
+          python("import sys, time; time.sleep(1); sys.exit(3)"), {}, gang={"port": port})
+    assert (ended(node)["state"], ended(node)["exit_code"]) == ("failed", 3)
+    stopped = ended(master, 10)
+    assert stopped["state"] == "stopped", stopped
+    assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
+    for paths in (master, node):
+        assert not job_pids(paths["dir"])
+
+
 def test_in_the_background_a_node_that_never_comes_calls_the_start_off(tmp_path):
     port = free_port()
     master = run_paths(str(tmp_path / "a"), "r1")

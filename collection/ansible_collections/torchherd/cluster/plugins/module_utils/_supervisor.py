@@ -142,9 +142,12 @@ def job_env(p, run_dir, environ):
     return env, shown
 
 
-def spawn(p, paths, argv, environ):
+def spawn(p, paths, argv, environ, gang=None):
     """Writes the run directory and starts torchrun under a detached supervisor; returns the
-    start time once torchrun's pid is written (or 10 s have passed)."""
+    start time once torchrun's pid is written (or 10 s have passed).
+
+    `gang`: where the barrier ran in this call, the node's way into the gang, which the
+    supervisor joins ({"sock": the master's listening socket} or {"port": the master's})."""
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
     os.makedirs(paths["flight_recorder"], exist_ok=True)
     env, shown = job_env(p, paths["dir"], environ)
@@ -156,7 +159,10 @@ def spawn(p, paths, argv, environ):
         meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop)
     write_atomic(paths["meta"], json.dumps(meta))
 
-    meeting = _meeting(p) if (p.get("barrier") or {}).get("background") else None
+    background = bool((p.get("barrier") or {}).get("background"))
+    meeting = _meeting(p) if background or gang else None
+    if gang and not background:
+        meeting["met"] = gang
     first = os.fork()
     if first == 0:
         # Double fork: the supervisor is re-parented to init and outlives this SSH session.
@@ -164,8 +170,10 @@ def spawn(p, paths, argv, environ):
             _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting)
         os._exit(0)
     os.waitpid(first, 0)
+    if gang and gang.get("sock") is not None:
+        gang["sock"].close()  # the supervisor's now
     # In the background the barrier may take its whole window: the supervisor is the job then.
-    wanted = paths["supervisor"] if meeting else paths["pid"]
+    wanted = paths["supervisor"] if background else paths["pid"]
     deadline = time.monotonic() + 10
     while read_text(wanted) is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -204,16 +212,24 @@ def _meet(m, paths, stop):
             f"{len(result.get('back_failed') or {})} could not be reached back"
             f"{': ' + str(result['back_failed']) if result.get('back_failed') else ''}")
         return None, why
+    return _join(m, gang_sock, result["gang_port"], stop), None
+
+
+def _join(m, sock, port, stop):
+    """This node's place in the gang once the barrier said go: the master answers on `sock`,
+    every other node connects to `port` (None: the master has no gang, nor has this node)."""
     if m["listen"]:
         # Every other node connects within the barrier's own time, and then some.
-        return Master(gang_sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
-                      m["elastic"]), None
-    gang = Member(m["master_addr"], result["gang_port"], m["source"], m["timeout"], stop,
-                  m["name"], m["elastic"])
+        return Master(sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
+                      m["elastic"])
+    if not port:
+        return None
+    gang = Member(m["master_addr"], port, m["source"], m["timeout"], stop, m["name"],
+                  m["elastic"])
     if gang.error:
         _say(f"{gang.error}; this node goes on without the gang (the controller's watch "
              f"still stops it after a failure elsewhere)")
-    return gang, None
+    return gang
 
 
 def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
@@ -226,7 +242,13 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
     os.dup2(devnull, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    os.closerange(3, 65536)
+    met = (meeting or {}).get("met")
+    kept = met["sock"].fileno() if met and met.get("sock") is not None else None
+    if kept is None:
+        os.closerange(3, 65536)
+    else:  # the master's gang socket, from the barrier in the start's own call
+        os.closerange(3, kept)
+        os.closerange(kept + 1, 65536)
     # From here file descriptor 1 is the node log, no longer the module's result (see _say).
     code = 127
     gang = None
@@ -243,7 +265,9 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
             stop(paths, proc.pid, grace)
 
     try:
-        if meeting is not None:
+        if met:
+            gang = _join(meeting, met.get("sock"), met.get("port"), stop_here)
+        elif meeting is not None:
             gang, why = _meet(meeting, paths, stop_here)
             if gang is None or os.path.exists(paths["stopped"]):
                 raise _CalledOff(why or "stopped before the start")

@@ -217,6 +217,11 @@ options:
         same round trip as the start. RV(probe) tells what this node saw.
       - Run on every node of the job in one task (forks at least the number of nodes), unless
         O(barrier.background).
+      - The go names a port of the master's supervisor. Every node's supervisor keeps a
+        connection to it (the gang), and the first failure anywhere stops the job on every
+        node without the controller; a failure is a launcher that ends with an error, or,
+        without restarts, any worker that does (told the moment it ends, not once the
+        launcher has handled it), or (static rendezvous) a node lost.
     type: dict
     suboptions:
       background:
@@ -227,10 +232,7 @@ options:
             forks, whose later nodes start while the first wait. A barrier that does not say
             go ends the job on that node as failed (C(barrier.json) in the run directory says
             why).
-          - The supervisors then form the gang themselves; every node keeps a connection to the
-            master's supervisor (a port the master names with its go), and the first launcher
-            to fail, or (static rendezvous) a node lost, stops the job on every node, without
-            the controller.
+          - The supervisors form the gang then as they do after the barrier in this call.
         type: bool
         default: false
       listen:
@@ -447,7 +449,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
     Runner,
     converge_rules,
 )
-from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier
+from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
     last_activity,
@@ -479,18 +481,27 @@ def start(module, p, paths):
         module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
                          run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
                          **opened)
-    probe = None
+    probe = gang = None
     if p["barrier"] and not p["barrier"]["background"]:
         b = p["barrier"]
+        # The go names the master's gang port: the nodes stop each other after a failure
+        # (see _gang), whatever the controller watches.
+        gang_sock = bind(0)[0] if b["listen"] else None
         probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
                         b["window"], listen=b["listen"], expect=b["expect"],
-                        source=b["source"] or None)
+                        source=b["source"] or None, gang=gang_sock)
+        gang = {"sock": gang_sock} if b["listen"] else {"port": probe.get("gang_port")}
+        probe.pop("gang_port", None)
         if not probe.pop("go"):
+            if gang_sock is not None:
+                gang_sock.close()
             module.exit_json(changed=bool(opened and opened["firewall"]["changed"]), started=False,
                              job_state="absent", pid=None, exit_code=None, cmd=argv,
                              run_dir=paths["dir"], log=paths["log"], last_line="",
                              meta=p["meta"], probe=probe, **opened)
-    started_at = spawn(p, paths, argv, os.environ)
+        if b["listen"] and gang_sock is None:
+            gang = None  # no port for the gang here: the controller's watch stops the others
+    started_at = spawn(p, paths, argv, os.environ, gang=gang)
     state = read_state(paths)
     extra = dict(opened, probe=probe) if probe is not None else opened
     module.exit_json(changed=True, started=True, job_state=state["state"], pid=state["pid"],
