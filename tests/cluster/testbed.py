@@ -589,12 +589,20 @@ def ensure_key() -> Path:
 # gc_thresh3 of 1024 ("arp_cache: neighbor table overflow"), and gloo's connects then fail with
 # "No route to host". Real nodes each have a table of their own.
 NEIGHBOUR_TABLE = {"gc_thresh1": 4096, "gc_thresh2": 16384, "gc_thresh3": 32768}
+# Every node's systemd takes inotify instances of the host's user root (one limit for all
+# containers, 128 by default): from about 40 nodes on, the later nodes' .path units fail,
+# systemd stays "initializing" and sshd never starts (a 64-node cluster did not come up).
+INOTIFY = {"max_user_instances": 8192, "max_user_watches": 1048576}
 
 
-def _room_in_the_neighbour_table() -> None:
-    """Raise the host's ARP table limits to NEIGHBOUR_TABLE where they are lower."""
-    for key, wanted in NEIGHBOUR_TABLE.items():
-        path = Path(f"/proc/sys/net/ipv4/neigh/default/{key}")
+def _room_in_the_host_tables() -> None:
+    """Raise the host's ARP table limits to NEIGHBOUR_TABLE, and its inotify limits to INOTIFY,
+    where they are lower."""
+    wanted_values = [(Path(f"/proc/sys/net/ipv4/neigh/default/{key}"), wanted)
+                     for key, wanted in NEIGHBOUR_TABLE.items()]
+    wanted_values += [(Path(f"/proc/sys/fs/inotify/{key}"), wanted)
+                      for key, wanted in INOTIFY.items()]
+    for path, wanted in wanted_values:
         try:
             if int(path.read_text()) < wanted:
                 path.write_text(f"{wanted}\n")
@@ -647,7 +655,7 @@ def up(
 
     with _locked("networks"):
         _blackhole_testbed_range()
-        _room_in_the_neighbour_table()
+        _room_in_the_host_tables()
         if subnet_index is None:
             subnet_index = free_subnet_index(own=name)
         prefix = subnet_prefix(subnet_index)

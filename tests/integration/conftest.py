@@ -51,9 +51,10 @@ def node_image() -> str:
 def cluster3(node_image: str) -> Iterator[testbed.Cluster]:
     """Three nodes it3-node0..2, shared by the whole session: tests must leave them healthy."""
     with testbed.reserve("it3"):
-        cluster = testbed.up("it3", 3, _CLUSTER3_SUBNET)
-        yield cluster
-        testbed.down(cluster.name)
+        try:  # also a cluster that did not come up whole: its containers go
+            yield testbed.up("it3", 3, _CLUSTER3_SUBNET)
+        finally:
+            testbed.down("it3")
 
 
 @pytest.fixture(scope="session")
@@ -62,9 +63,10 @@ def uneven(node_image: str) -> Iterator[testbed.Cluster]:
     differ per node); node2 without IPv6. Shared by the session: tests must leave the nodes
     healthy (no job left, no link throttled)."""
     with testbed.reserve("uneven"):
-        cluster = testbed.up("uneven", 3, data_network=True, no_ipv6=[2])
-        yield cluster
-        testbed.down(cluster.name)
+        try:
+            yield testbed.up("uneven", 3, data_network=True, no_ipv6=[2])
+        finally:
+            testbed.down("uneven")
 
 
 @pytest.fixture
