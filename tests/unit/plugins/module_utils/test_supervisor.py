@@ -219,12 +219,15 @@ def print_to_fd_1(monkeypatch):
     monkeypatch.setattr(sys, "stdout", sys.__stdout__)
 
 
-def ready(paths, processes):
-    """Until the job said ready (its signal handlers are set) and has that many processes."""
+def started(paths, code, processes):
+    """Starts `code` as the job and waits until it said ready (its signal handlers are set)
+    with that many processes; the launcher's pid."""
+    spawn(params(), paths, python(code), {})
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (
             "ready" in log_text(paths) and len(job_pids(paths["dir"])) >= processes):
         time.sleep(0.05)
+    return read_state(paths)["pid"]
 
 
 def log_text(paths):
@@ -383,9 +386,7 @@ def test_a_launcher_whose_workers_ended_gets_two_seconds_not_the_grace(tmp_path)
                 "'-c', 'import time; time.sleep(60)'], start_new_session=True); "
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); os.write(1, b'ready\\n'); "
                 "time.sleep(60)")
-    spawn(params(), paths, python(launcher), {})
-    ready(paths, 2)
-    pid = read_state(paths)["pid"]
+    pid = started(paths, launcher, 2)
     # The worker is in a session of its own: the launcher's group SIGTERM misses it, so end it.
     worker = next(p for p in job_pids(paths["dir"]) if p != pid)
     os.kill(worker, signal.SIGTERM)
@@ -404,9 +405,7 @@ def test_a_second_stopper_sends_no_second_sigterm(tmp_path):
                "    os.write(1, b'term %d\\n' % n[0])\n    if n[0] > 1: os._exit(9)\n"
                "signal.signal(signal.SIGTERM, on)\nos.write(1, b'ready\\n')\n"
                "while True: time.sleep(0.05)\n")
-    spawn(params(), paths, python(counter), {})
-    ready(paths, 1)
-    pid = read_state(paths)["pid"]
+    pid = started(paths, counter, 1)
     stoppers = [threading.Thread(target=stop, args=(paths, pid, 1)) for _ in range(2)]
     for thread in stoppers:
         thread.start()

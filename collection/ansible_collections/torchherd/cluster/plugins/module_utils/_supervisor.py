@@ -276,7 +276,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
         # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
-        if gang is not None and meeting.get("watch_workers") and hasattr(os, "pidfd_open"):
+        if gang is not None and meeting.get("watch_workers") and _PIDFD_OPEN is not None:
             threading.Thread(target=_watch_workers, daemon=True,
                              args=(proc, paths, grace, gang, meeting["name"],
                                    running)).start()
@@ -310,6 +310,10 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
         os._exit(0)
 
 
+# os.pidfd_open: Python 3.9 and later (the nodes' Python may be 3.8).
+_PIDFD_OPEN = getattr(os, "pidfd_open", None)
+
+
 def _watch_workers(proc, paths, grace, gang, name, running):
     """The moment a worker of the launcher ends with an error, tell the gang (the other nodes
     stop now, not once this launcher has handled the failure and ended), and end the launcher
@@ -324,7 +328,7 @@ def _watch_workers(proc, paths, grace, gang, name, running):
             if pid in watched.values():
                 continue
             try:
-                fd = os.pidfd_open(pid)
+                fd = _PIDFD_OPEN(pid)
             except OSError:
                 continue
             watched[fd] = pid
