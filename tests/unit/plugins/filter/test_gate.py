@@ -82,6 +82,17 @@ def test_no_torch():
     assert "pip install torch" in verdict["problems"][0]["fix"]
 
 
+def test_a_torch_probe_out_of_time_is_named_as_such_not_as_a_missing_version():
+    facts = cpu("b")
+    facts["python"] = {"path": "/usr/bin/python3", "version": None, "error": None}
+    facts["torch"] = {"version": None,
+                      "error": "importing torch in /usr/bin/python3 took more than 60 s"}
+    verdict = gate(*make({"a": cpu("a"), "b": facts}))
+    assert checks(verdict) == [("b", "torch")]
+    assert verdict["problems"][0]["found"].endswith("took more than 60 s")
+    assert "fewer forks" in verdict["problems"][0]["fix"]
+
+
 def test_interpreter_missing():
     facts = cpu("b")
     facts["python"] = {"path": "/opt/venv/bin/python", "version": None,

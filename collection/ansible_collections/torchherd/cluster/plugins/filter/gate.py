@@ -189,7 +189,16 @@ def gate(hosts, hostvars, plan, match=None):
 
     for host, f in facts.items():
         py, torch = f["python"], f["torch"]
-        if py.get("error") or not py.get("version"):
+        slow = "took more than" in (torch.get("error") or "")
+        if slow:
+            # The probe ran out of time: the interpreter is there, it says nothing of its version.
+            problems.append(_problem(host, "torch", f"torch importable by {py.get('path')} "
+                                     "within the facts' probe timeout", torch["error"],
+                                     "the node was too busy or its file system too slow: try "
+                                     "again, or launch with fewer forks (fewer nodes import "
+                                     "torch at once where they share a machine or a file "
+                                     "system); the answer is cached once it came"))
+        elif py.get("error") or not py.get("version"):
             problems.append(_problem(host, "python", f"{py.get('path')} runs",
                                      py.get("error") or "no version",
                                      "set torchherd_job.python to an interpreter that exists "
