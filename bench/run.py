@@ -906,13 +906,18 @@ def main() -> int:
     p.add_argument("--note", default="")
     p.add_argument("--from", dest="from_json", metavar="RESULTS",
                    help="only write the docs from earlier bench/results/*.json "
-                        "(comma-separated: their sizes together)")
+                        "(comma-separated: their sizes together; FILE#8+16 takes those sizes "
+                        "of FILE only)")
     args = p.parse_args()
     if args.from_json:
-        files = [json.loads(Path(f).read_text()) for f in args.from_json.split(",")]
+        files, chosen = [], []
+        for item in args.from_json.split(","):
+            path, _sep, only = item.partition("#")
+            files.append(json.loads(Path(path).read_text()))
+            wanted = {int(x) for x in only.split("+")} if only else None
+            chosen += [sz for sz in files[-1]["sizes"] if wanted is None or sz["nodes"] in wanted]
         saved = {"machine": files[-1]["machine"],
-                 "sizes": sorted((sz for f in files for sz in f["sizes"]),
-                                 key=lambda sz: sz["nodes"])}
+                 "sizes": sorted(chosen, key=lambda sz: sz["nodes"])}
         rows = summarize(saved["sizes"])
         write_markdown(ROOT / "docs" / "benchmark.md", saved["machine"], rows, saved["sizes"],
                        args.note)

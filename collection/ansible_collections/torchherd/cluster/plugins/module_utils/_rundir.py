@@ -13,6 +13,7 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 
 MARKER = "TORCHHERD_RUN"
@@ -51,7 +52,8 @@ def read_text(path):
 
 
 def write_atomic(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
+    # Per process and thread: the supervisor's threads (the gang's stop, its own end) write too.
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
@@ -229,13 +231,20 @@ def last_line(path):
     return lines[-1] if lines else ""
 
 
-def sleep_until_gone(paths, seconds):
-    """Sleep until torchrun (or its wrapper) exits, or for `seconds`.
+def supervisor_alive(paths):
+    """Whether the job's supervisor still runs (on the master: until every node of the gang
+    said its launcher ended, see _gang)."""
+    return _alive(paths["supervisor"])
+
+
+def sleep_until_gone(paths, seconds, which="pid"):
+    """Sleep until torchrun (or its wrapper; `which` "supervisor": the supervisor) exits, or
+    for `seconds`.
 
     A pidfd turns readable when the process exits, so a job watched for days costs the node
     nothing; without one (Python 3.8, kernels before 5.3), or once the process is gone and the
     supervisor is still writing the exit code, this sleeps a fraction of a second."""
-    pid, _sep, start = (read_text(paths["pid"]) or "").partition(" ")
+    pid, _sep, start = (read_text(paths[which]) or "").partition(" ")
     pidfd_open = getattr(os, "pidfd_open", None)
     fd = None
     if pid.isdigit() and pidfd_open is not None:

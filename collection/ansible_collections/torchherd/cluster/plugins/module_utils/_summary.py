@@ -252,8 +252,15 @@ def summarize(run_dir, plan, results, marks, previous=None):
         }
         if state == "running":
             # The node's run directory, fetched after this result, may know better: a job
-            # stopped (the gang stop after a hang) or ended since.
-            state = entry["state"] = _ended_state(node_dir) or state
+            # stopped (the gang stop after a hang) or ended since, or a node the watch did not
+            # wait on (fewer forks than nodes: the watch waits on the master alone).
+            ended = _ended_state(node_dir)
+            if ended:
+                meta = _json(os.path.join(node_dir, "meta.json")) or {}
+                entry.update(state=ended, exit_code=int(_read(os.path.join(
+                    node_dir, "exit_code")).strip()), ended_at=meta.get("ended_at"),
+                    started_at=entry["started_at"] or meta.get("started_at"))
+                state = ended
         if state in _BAD:
             entry.update(failure_of(node_dir))
         hosts[host] = newer(previous.get(host), entry)

@@ -192,6 +192,14 @@ options:
           controller counts the node as active.
         type: float
         default: 0
+  gang:
+    description:
+      - With O(state=waiting) on the master, wait for the whole gang as well, not only this
+        node's job; the master's supervisor stays until every node's supervisor said its
+        launcher ended, or was lost (RV(gang_ended)). A launch with fewer Ansible forks than
+        nodes waits this way on the master alone.
+    type: bool
+    default: false
   meta:
     description: Extra facts recorded in C(meta.json) (host, node_rank); returned by status.
     type: dict
@@ -366,6 +374,11 @@ last_line:
   returned: always
   type: str
   sample: "[default0]:rank 0 ok"
+gang_ended:
+  description: With O(gang), whether the job has ended on every node of the gang.
+  returned: with O(gang)
+  type: bool
+  sample: true
 activity:
   description:
     - With O(hang), the node's last progress (C(last), its clock, null before any), whether it
@@ -458,6 +471,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     read_state,
     run_paths,
     sleep_until_gone,
+    supervisor_alive,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop as stop_job
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
@@ -548,7 +562,17 @@ def wait(module, p, paths, timeout):
             break
         # Watching for a hang looks at the node's output every second (a stat or two).
         sleep_until_gone(paths, min(left, 1.0 if hang else 30.0))
+    # The gang's end: on the master, its supervisor stays until every node's launcher ended.
+    while p["gang"] and state != "running" and supervisor_alive(paths):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sleep_until_gone(paths, min(left, 30.0), which="supervisor")
     extra = {}
+    if p["gang"]:
+        extra["gang_ended"] = state != "running" and not supervisor_alive(paths)
+        if not extra["gang_ended"]:
+            state = "running"  # for the rules below: the job is not over everywhere yet
     if hang:
         last = last_activity(paths)
         extra["activity"] = {"last": last, "quiet": last is not None
@@ -628,6 +652,7 @@ def main():
                 background=dict(type="bool", default=False),
             )),
             firewall=dict(type="dict", options=dict(RULE_OPTIONS)),
+            gang=dict(type="bool", default=False),
             hang=dict(type="dict", options=dict(
                 timeout=dict(type="float", required=True),
                 quiet_since=dict(type="float", default=0),
