@@ -361,8 +361,8 @@ CALIBRATE = 2  # nodes: the size that sets the fixed wait
 
 
 def model(rows: list[dict], method: str = "d", view: str = "shared",
-          fit_from: int = 8, cores: int = 2) -> dict | None:
-    """Fit the launch's costs over the sizes >= fit_from of one view:
+          fit_from: int = 8, cores: int = 2, fit_to: int = 1 << 30) -> dict | None:
+    """Fit the launch's costs over the sizes fit_from..fit_to of one view:
 
     controller CPU C(N) = a + b N, split into the serial part S(N) = s0 + s1 N (the driver's
     and ansible-playbook's main process, one core whatever the controller has) and the rest
@@ -371,7 +371,7 @@ def model(rows: list[dict], method: str = "d", view: str = "shared",
     median over the sizes); peak controller memory M(N) = m0 + m1 N; round trips R before the
     job starts and R_total in the whole launch; a fixed wait W (time without CPU), the part
     of the extra wall time at CALIBRATE nodes that the CPU terms do not explain."""
-    pts = [r for r in rows if r["view"] == view and r["nodes"] >= fit_from
+    pts = [r for r in rows if r["view"] == view and fit_from <= r["nodes"] <= fit_to
            and r[method].get("cpu_s") is not None and r["b"].get("cpu_s") is not None]
     if not pts:
         return None

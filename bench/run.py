@@ -638,9 +638,9 @@ def cost_sections(info: dict, rows: list[dict], sizes: list[dict]) -> list[str]:
                       f"{fmt(sep8['d'].get('cpu_per_node'), '.3f')} (d) and "
                       f"{fmt(sep8['c'].get('cpu_per_node'), '.3f')} (c) CPU-s per node."]
     # the model
-    mod = cost.model(rows, "d", cores=info["nproc"])
+    mod = cost.model(rows, "d", cores=info["nproc"], fit_to=FIT_TO)
     if mod:
-        modc = cost.model(rows, "c", cores=info["nproc"])
+        modc = cost.model(rows, "c", cores=info["nproc"], fit_to=FIT_TO)
         (s0, s1), (p0, p1), (o0, _) = mod["serial"], mod["parallel"], mod["own_node"]
         (a, b), (m0, m1) = mod["ctrl"], mod["mem"]
         lines += [
@@ -875,7 +875,12 @@ def heavy_lock(take: bool):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# The largest size the docs' model is fitted on (--fit-to).
+FIT_TO = 1 << 30
+
+
 def main() -> int:
+    global FIT_TO
     if len(sys.argv) > 1 and sys.argv[1] == "_launch":
         return child_launch(*sys.argv[2:6])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -908,7 +913,12 @@ def main() -> int:
                    help="only write the docs from earlier bench/results/*.json "
                         "(comma-separated: their sizes together; FILE#8+16 takes those sizes "
                         "of FILE only)")
+    p.add_argument("--fit-to", type=int, default=FIT_TO,
+                   help="fit the docs' model on sizes up to this many nodes only")
+    p.add_argument("--watch-from", metavar="RESULTS",
+                   help="with --from: the watch measurement of this results file instead")
     args = p.parse_args()
+    FIT_TO = args.fit_to
     if args.from_json:
         files, chosen = [], []
         for item in args.from_json.split(","):
@@ -916,6 +926,11 @@ def main() -> int:
             files.append(json.loads(Path(path).read_text()))
             wanted = {int(x) for x in only.split("+")} if only else None
             chosen += [sz for sz in files[-1]["sizes"] if wanted is None or sz["nodes"] in wanted]
+        if args.watch_from:
+            watches = [w for sz in json.loads(Path(args.watch_from).read_text())["sizes"]
+                       for w in sz.get("watch") or []]
+            chosen = [dict(sz, watch=[w for w in watches if w["nodes"] == sz["nodes"]])
+                      for sz in chosen]
         saved = {"machine": files[-1]["machine"],
                  "sizes": sorted(chosen, key=lambda sz: sz["nodes"])}
         rows = summarize(saved["sizes"])
