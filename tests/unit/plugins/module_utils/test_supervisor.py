@@ -326,9 +326,12 @@ def test_a_failed_worker_stops_the_others_before_its_launcher_ends(tmp_path):
     spawn(params(barrier=background(port, True), meta={"host": "a"}, **common), master,
           python("import time; time.sleep(60)"), {})
     # b's launcher does not look at its worker for a minute (as torchrun on starved cores):
-    # the worker's exit code is read from its zombie, and the others stop at once.
-    slow = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-            "'import sys, time; time.sleep(1); sys.exit(3)']); time.sleep(60)")
+    # the worker's exit code is read from its zombie, and the others stop at once. A child of
+    # the launcher that is no rank (no LOCAL_RANK) fails first, and counts for nothing.
+    slow = ("import os, subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import sys; sys.exit(5)']); "
+            "subprocess.Popen([sys.executable, '-c', 'import sys, time; time.sleep(1.5); "
+            "sys.exit(3)'], env=dict(os.environ, LOCAL_RANK='0')); time.sleep(60)")
     began = time.monotonic()
     spawn(params(barrier=background(port, False), meta={"host": "b"}, **common), node,
           python(slow), {})

@@ -320,12 +320,14 @@ def _watch_workers(proc, paths, grace, gang, name, running):
     if it has not ended LAUNCHER_GRACE s later. The kernel wakes this thread at the worker's
     exit (a pidfd per worker); the exit code is the zombie's, read before the launcher reaps
     it, which it does at its next look (torchrun: every 0.1 s). A worker the launcher reaped
-    first is left to the launcher's own exit. Workers are found once a second."""
+    first is left to the launcher's own exit. Workers are found once a second: the children
+    whose environment names their LOCAL_RANK (torchrun, accelerate and DeepSpeed set it); any
+    other child of the launcher is no rank."""
     poller = select.poll()
     watched = {}
     while proc.poll() is None:
         for pid in _children(proc.pid):
-            if pid in watched.values():
+            if pid in watched.values() or not _is_rank(pid):
                 continue
             try:
                 fd = _PIDFD_OPEN(pid)
@@ -348,6 +350,16 @@ def _watch_workers(proc, paths, grace, gang, name, running):
                 except subprocess.TimeoutExpired:
                     terminate(paths["dir"], proc.pid, grace)
                 return
+
+
+def _is_rank(pid):
+    """Whether a process is a rank: LOCAL_RANK in its environment (a child not yet through its
+    exec is looked at again a second later)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return any(item.startswith(b"LOCAL_RANK=") for item in handle.read().split(b"\0"))
+    except OSError:
+        return False
 
 
 def _children(pid):
