@@ -154,6 +154,38 @@ def test_a_rank_killed_by_a_signal_is_not_the_root_cause(tmp_path):
     assert failure_of(node)["failing_rank"] == 3
 
 
+def test_without_torchruns_report_the_rank_comes_from_the_prefix(tmp_path):
+    # torchrun was ended before it wrote its report (the supervisor ends it 2 s after a rank
+    # failed): the rank that raised, by its error and torch's [rankN]: prefix.
+    node = two_rank_node(tmp_path, {0: ("Signal 15 received\n", 99.0),
+                                    1: (tb(3, "ValueError: injected"), 100.0)}, "")
+    found = failure_of(node)
+    assert (found["failing_rank"], found["local_rank"]) == (3, 1)
+    assert found["exception"] == "ValueError: injected"
+
+
+def test_a_node_whose_rank_raised_before_the_stop_reached_it_failed(tmp_path):
+    # n1's rank 3 raised; n0's rank failed on the lost connection and was heard first, so the
+    # gang stopped n1 after its rank had raised.
+    write_stderr(tmp_path, "n0", 0, tb(0, "RuntimeError: Connection closed by peer [10.0.0.1]:5"))
+    write_stderr(tmp_path, "n1", 1, tb(3, "ValueError: injected failure on rank 3"))
+    rank3 = tmp_path / "nodes" / "n1" / "torchrun" / "x" / "attempt_0" / "1" / "stderr.log"
+    os.utime(rank3, (100.0, 100.0))
+    (tmp_path / "nodes" / "n1" / "stopped").write_text("101.0\n")
+    (tmp_path / "nodes" / "n2").mkdir(parents=True)
+    (tmp_path / "nodes" / "n2" / "stopped").write_text("101.0\n")
+    results = {"n0": {"job_state": "failed", "exit_code": 1, "ended_at": 10.0},
+               "n1": {"job_state": "stopped", "exit_code": -9, "ended_at": 11.0},
+               "n2": {"job_state": "stopped", "exit_code": -15, "ended_at": 12.0}}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["hosts"]["n1"]["state"] == "failed" and s["hosts"]["n2"]["state"] == "stopped"
+    assert s["reason"].startswith("node n1 (node_rank 1) rank 3: ValueError: injected")
+    # A rank that raised only after the stop (its own handler) leaves the node stopped.
+    (tmp_path / "nodes" / "n1" / "stopped").write_text("99.0\n")
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["hosts"]["n1"]["state"] == "stopped"
+
+
 def test_the_last_attempt_of_a_restarted_job_counts(tmp_path):
     report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
     node = two_rank_node(tmp_path, {0: (tb(2, "ValueError: first try"), 50.0)}, report, attempt=0)

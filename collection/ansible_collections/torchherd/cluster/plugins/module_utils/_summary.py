@@ -180,12 +180,16 @@ def failure_of(node_dir):
         # writes to stderr with [rankN]:, so the node log holds every rank's traceback.
         found.update(_failure_from_prefixes(node_log))
     elif ranks:
-        # No report from torchrun (killed, or never got that far): the error files alone.
+        # No report from torchrun (killed, or never got that far; the supervisor ends it 2 s
+        # after a rank failed): the error files alone, the rank from torch's [rankN]: prefix.
         at, local, failure = min((f["at"], local, f) for local, f in
                                  ((local, _rank_failure(d)) for local, d in ranks.items()))
         if at != float("inf"):
             found["local_rank"] = local
             found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
+            prefix = _RANK_LINE.search(_read(os.path.join(ranks[local], "stderr.log")))
+            if prefix:
+                found["failing_rank"] = int(prefix.group(1))
     if found["exception"] is None:
         found["traceback"], found["exception"] = _traceback(node_log)
     return found
@@ -261,6 +265,10 @@ def summarize(run_dir, plan, results, marks, previous=None):
                     node_dir, "exit_code")).strip()), ended_at=meta.get("ended_at"),
                     started_at=entry["started_at"] or meta.get("started_at"))
                 state = ended
+        if state == "stopped" and _failed_before_stop(node_dir):
+            # Its own rank raised before the gang's stop reached it (another node's peers,
+            # failing on the lost connections, were heard first): a failure, not a stop.
+            state = entry["state"] = "failed"
         if state in _BAD:
             entry.update(failure_of(node_dir))
         hosts[host] = newer(previous.get(host), entry)
@@ -322,6 +330,21 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "interconnect": {k: v for k, v in (plan.get("interconnect") or {}).items()
                          if k != "results"} or None,
     }
+
+
+def _failed_before_stop(node_dir):
+    """Whether a rank of a stopped node died of an error of its own (not a peer's lost
+    connection, not the stop's signal) before the stop (the node's clock for both)."""
+    try:
+        stopped_at = float(_read(os.path.join(node_dir, "stopped")).strip())
+    except ValueError:
+        return False
+    for rank_dir in _last_attempt(node_dir).values():
+        failure = _rank_failure(rank_dir)
+        if (failure["exception"] and not _SECONDARY.search(failure["exception"])
+                and failure["at"] <= stopped_at):
+            return True
+    return False
 
 
 def _ended_state(node_dir):
