@@ -1,6 +1,7 @@
 """The cached torch probe: reused only while nothing it depends on changed."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -76,3 +77,18 @@ def test_a_corrupt_cache_file_is_ignored(tmp_path, probes):
     (tmp_path / ".torch-probe.json").write_text("{not json")
     assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
     assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is True
+
+
+def test_the_fingerprint_in_process_is_the_one_of_a_subprocess(tmp_path):
+    """The module's own interpreter is fingerprinted in its process; the same interpreter under
+    another spelling of its path runs in a subprocess and gives the same key, so the cache
+    holds either way. (Not a link elsewhere: a venv's python away from its pyvenv.cfg is the
+    base interpreter, with other packages.)"""
+    other = os.path.join(os.path.dirname(sys.executable), ".", os.path.basename(sys.executable))
+    here = node_facts.fingerprint(sys.executable, 30)
+    there = node_facts.fingerprint(other, 30)
+    assert here is not None and there is not None
+    assert here == there
+    assert here["interpreter"][2] == there["interpreter"][2]  # torch's spec origin
+    # A python that is not there cannot be fingerprinted, so the probe runs uncached.
+    assert node_facts.fingerprint(str(tmp_path / "missing"), 30) is None

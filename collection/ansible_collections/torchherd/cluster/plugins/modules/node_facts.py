@@ -241,28 +241,32 @@ print(json.dumps(out))
 """
 
 
-# What the answer of TORCH_PROBE depends on, read without importing torch (~20 ms).
+# What the answer of TORCH_PROBE depends on, read without importing torch (~20 ms): describe()
+# runs in the job's interpreter, in this process where that is the module's own interpreter.
 FINGERPRINT = r"""
 import importlib.util, json, os, sys
-spec = importlib.util.find_spec("torch")
-files = []
-if spec and spec.origin:
-    top = os.path.dirname(spec.origin)
-    for name in ("__init__.py", "version.py", os.path.join("lib", "libtorch_python.so")):
+
+
+def describe():
+    spec = importlib.util.find_spec("torch")
+    files = []
+    if spec and spec.origin:
+        top = os.path.dirname(spec.origin)
+        for name in ("__init__.py", "version.py", os.path.join("lib", "libtorch_python.so")):
+            try:
+                st = os.stat(os.path.join(top, name))
+                files.append([name, st.st_mtime_ns, st.st_size, st.st_ino])
+            except OSError:
+                files.append([name, None, None, None])
+    launchers = []
+    for name in ("accelerate", "deepspeed"):
         try:
-            st = os.stat(os.path.join(top, name))
-            files.append([name, st.st_mtime_ns, st.st_size, st.st_ino])
-        except OSError:
-            files.append([name, None, None, None])
-launchers = []
-for name in ("accelerate", "deepspeed"):
-    try:
-        import importlib.metadata as md
-        launchers.append(md.version(name))
-    except Exception:
-        launchers.append(None)
-print(json.dumps([os.path.realpath(sys.executable), sys.version, spec.origin if spec else None,
-                  files, launchers]))
+            import importlib.metadata as md
+            launchers.append(md.version(name))
+        except Exception:
+            launchers.append(None)
+    return [os.path.realpath(sys.executable), sys.version, spec.origin if spec else None,
+            files, launchers]
 """
 
 
@@ -276,12 +280,19 @@ def _read(path):
 
 def fingerprint(python, timeout):
     """Everything the torch probe's answer depends on, or None when it cannot be told."""
-    try:
-        proc = subprocess.run([python, "-c", FINGERPRINT], capture_output=True, text=True,
-                              timeout=timeout, check=False)
-        interp = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
+    # The same path as this module's interpreter (not merely the same file: a venv's python is
+    # a link to the system's, with other packages) needs no interpreter of its own.
+    if python == sys.executable:
+        scope = {}
+        exec(compile(FINGERPRINT, "<fingerprint>", "exec"), scope)
+        interp = json.loads(json.dumps(scope["describe"]()))
+    else:
+        try:
+            proc = subprocess.run([python, "-c", FINGERPRINT + "\nprint(json.dumps(describe()))"],
+                                  capture_output=True, text=True, timeout=timeout, check=False)
+            interp = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
     gpus_dir = "/proc/driver/nvidia/gpus"
     gpus = sorted((bus, _read(os.path.join(gpus_dir, bus, "information")))
                   for bus in (os.listdir(gpus_dir) if os.path.isdir(gpus_dir) else []))
