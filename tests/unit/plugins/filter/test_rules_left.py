@@ -1,5 +1,7 @@
 """Which nodes still hold the run's firewall rules once the watch is over (rules_left)."""
 
+import json
+
 from ansible_collections.torchherd.cluster.plugins.filter.rules_left import rules_left
 
 RULES = ["tcp dport 29500 ip saddr 10.0.0.2 accept"]
@@ -48,3 +50,25 @@ def test_a_failed_firewall_role_or_an_unknown_phase_is_torn_down():
 def test_a_lost_node_is_left_for_stop_or_collect():
     assert left(a={"torchherd_firewall": {"changed": True, "rules": RULES},
                    "torchherd_watch": {"unreachable": True}}) == []
+
+
+def test_a_node_the_watch_did_not_wait_on_is_clean_by_its_supervisors_word(tmp_path):
+    """The watch waited on the master alone: the others' supervisors removed the start's rules
+    when their jobs ended, and collect brought their firewall.json back."""
+    opened = {"torchherd_firewall": {"skipped": True},
+              "torchherd_start": {"firewall": {"rules": RULES}}}
+    for host, said in (("a", {"changed": True, "rules": RULES}),
+                       ("b", {"changed": False, "error": "nft: permission denied"})):
+        (tmp_path / host).mkdir()
+        (tmp_path / host / "firewall.json").write_text(json.dumps(said))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "firewall.json").write_text("{not json")
+    hostvars = {"a": opened, "b": opened, "c": opened, "d": opened}
+    # b: the removal failed; c: no word (its supervisor was killed, or collect missed it);
+    # d: an unreadable word.
+    assert rules_left(list(hostvars), hostvars, nodes_dir=str(tmp_path)) == ["b", "c", "d"]
+    # Without the collected directory nothing is taken on trust.
+    assert rules_left(list(hostvars), hostvars) == ["a", "b", "c", "d"]
+    # The wait's own word wins where there is one.
+    waited = dict(opened, torchherd_watch={"firewall": {"error": "ufw: busy"}})
+    assert rules_left(["a"], {"a": waited}, nodes_dir=str(tmp_path)) == ["a"]

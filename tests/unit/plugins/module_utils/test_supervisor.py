@@ -213,6 +213,41 @@ def test_the_supervisor_runs_the_job_detached_and_writes_the_run_directory(tmp_p
     assert meta["ended_at"] >= started_at
 
 
+def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, monkeypatch):
+    """The rules the start opened go once the job ends, with the firewall's own code, before
+    the exit code says so; an error there is written down and the exit code still comes."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils import _supervisor
+
+    print_to_fd_1(monkeypatch)
+    seen = tmp_path / "seen"
+    rules = {"peers": ["10.0.0.2"], "mode": "members", "ports": [], "backend": "none",
+             "persistent": False}
+
+    def close_rules(runner, run_id, options):
+        # What the supervisor passes, and that the job had ended and its code was not out yet.
+        seen.write_text(json.dumps([run_id, options, os.path.exists(paths["exit_code"])]))
+        return {"changed": True, "rules": [], "backends": ["nftables"]}
+
+    monkeypatch.setattr(_supervisor, "close_rules", close_rules)
+    paths = run_paths(str(tmp_path), "r1")
+    spawn(params(), paths, python("raise SystemExit(0)"), {}, close=rules)
+    assert ended(paths)["exit_code"] == 0
+    assert json.loads(seen.read_text()) == ["r1", rules, False]
+    with open(paths["firewall"], encoding="utf-8") as handle:
+        assert json.load(handle) == {"changed": True, "rules": [], "backends": ["nftables"]}
+
+    def broken(runner, run_id, options):
+        raise RuntimeError("no nft here")
+
+    monkeypatch.setattr(_supervisor, "close_rules", broken)
+    paths = run_paths(str(tmp_path), "r2")
+    spawn(params(run_id="r2"), paths, python("raise SystemExit(4)"), {}, close=rules)
+    assert ended(paths)["exit_code"] == 4
+    with open(paths["firewall"], encoding="utf-8") as handle:
+        assert json.load(handle) == {"changed": False, "error": "RuntimeError: no nft here"}
+    assert "could not be removed here: RuntimeError: no nft here" in log_text(paths)
+
+
 def print_to_fd_1(monkeypatch):
     """The supervisor prints to the node log on fd 1, as under Ansible, not to pytest's capture
     (whose file it closes); set in the test itself, since pytest sets its own after fixtures."""

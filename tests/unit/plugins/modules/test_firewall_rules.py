@@ -3,6 +3,8 @@ fail_json, its message and its details; at the end of torchrun_job's wait it is 
 never the job's failure. (The firewall code itself is tested under
 tests/unit/plugins/module_utils/firewall.)"""
 
+import json
+
 import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
@@ -61,12 +63,37 @@ def test_backend_none_leaves_the_firewall_alone(module):
     assert result["msg"] == "backend none: the firewall was left as it is"
 
 
-def test_rules_that_torchrun_job_cannot_remove_are_reported_not_failed(module, monkeypatch):
+def test_rules_that_torchrun_job_cannot_remove_are_reported_not_failed(module, monkeypatch,
+                                                                      tmp_path):
     warnings = []
     monkeypatch.setattr(AnsibleModule, "warn", lambda _self, msg: warnings.append(msg))
     with patch_module_args({}):
         job = AnsibleModule(argument_spec={})
     firewall = dict(peers=["10.0.0.2"], mode="members", ports=[], backend="auto", persistent=False)
-    closed = torchrun_job.close_firewall(job, {"run_id": "run-1", "firewall": firewall})
+    paths = {"firewall": str(tmp_path / "firewall.json")}
+    closed = torchrun_job.close_firewall(job, {"run_id": "run-1", "firewall": firewall}, paths)
     assert closed == {"changed": False, "error": FAILED}
     assert warnings == [f"the rules of run run-1 could not be removed here: {FAILED}"]
+
+
+def test_the_wait_takes_the_supervisors_removal_and_tries_again_after_its_error(
+        module, monkeypatch, tmp_path):
+    """The supervisor removes the start's rules when the job ends (firewall.json); the wait
+    runs no firewall command then, and removes them itself where the supervisor could not."""
+    commands = []
+    monkeypatch.setattr(AnsibleModule, "run_command", lambda _self, argv, **kwargs: (
+        commands.append(argv) or (1, "", "Error: Operation not permitted\n")))
+    monkeypatch.setattr(AnsibleModule, "warn", lambda _self, msg: None)
+    with patch_module_args({}):
+        job = AnsibleModule(argument_spec={})
+    firewall = dict(peers=["10.0.0.2"], mode="members", ports=[], backend="auto", persistent=False)
+    paths = {"firewall": str(tmp_path / "firewall.json")}
+    done = {"changed": True, "backends": ["nftables"], "rules": [], "peers": []}
+    (tmp_path / "firewall.json").write_text(json.dumps(done))
+    p = {"run_id": "run-1", "firewall": firewall}
+    assert torchrun_job.close_firewall(job, p, paths) == done
+    assert commands == []
+    (tmp_path / "firewall.json").write_text(json.dumps({"changed": False, "error": "nft: gone"}))
+    closed = torchrun_job.close_firewall(job, p, paths)
+    assert closed == {"changed": False, "error": FAILED}
+    assert commands == [["/usr/sbin/nft", "-j", "list", "ruleset"]]

@@ -143,3 +143,33 @@ def test_converge_rules_needs_root_unless_backend_none(monkeypatch):
         fw.converge_rules(fw.Runner(Module()), PARAMS)
     left = fw.converge_rules(fw.Runner(Module()), dict(PARAMS, backend="none"))
     assert not left["changed"] and left["peers"] == ["10.0.0.2"]
+
+
+def test_the_process_runner_runs_argv_lists_and_raises_what_to_fix(tmp_path, monkeypatch):
+    """The supervisor's runner: the same contract as the module's, with subprocess."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils._firewall.common import (
+        FirewallError,
+        ProcessRunner,
+    )
+
+    said = []
+    runner = ProcessRunner(said.append)
+    assert runner.check_mode is False
+    runner.warn("careful")
+    assert said == ["careful"]
+    # Tools in sbin are found even where PATH leaves sbin out (as get_bin_path does).
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(ProcessRunner, "SBIN", (str(tmp_path / "sbin"),))
+    (tmp_path / "sbin").mkdir()
+    tool = tmp_path / "sbin" / "fwtool"
+    tool.write_text("#!/bin/sh\ncat; echo \" $*\"; [ \"$1\" = ok ] || { echo bad >&2; exit 3; }\n")
+    tool.chmod(0o755)
+    assert runner.which("fwtool") == str(tool)
+    assert runner.which("no-such-tool") is None
+    assert runner.run([str(tool), "ok"], data="rules") == "rules ok\n"
+    with pytest.raises(FirewallError) as failed:
+        runner.run([str(tool), "no"], what="fwtool no")
+    assert failed.value.msg == "fwtool no failed (exit code 3): bad"
+    assert failed.value.details == {"cmd": [str(tool), "no"]}
+    assert runner.probe([str(tool), "no"]) == (3, " no\n", "bad\n")
+    assert runner.probe([str(tmp_path / "missing")])[0] == 127

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 DOCUMENTATION = r"""
 name: rules_left
 author: torchherd developers
@@ -15,12 +18,21 @@ description:
   - A node holds no rule of the run when the firewall role added none (phase off, no active
     firewall, backend none) and the start opened none either, or when its last wait removed the
     rules the start opened.
+  - Where the start opened the rules, the job's supervisor removed them when the job ended on
+    the node and wrote what it did to C(firewall.json) in the node's run directory: a node the
+    watch did not wait on (it waited on the master alone) counts as clean when the copy of that
+    file that collect brought back (under O(nodes_dir)) names no error.
   - A node lost by the watch is left out too; it keeps its rules until stop or collect of the
     run id reach it.
   - Once for all nodes on the controller, instead of a condition on a teardown task that
     would cost a worker per node even where it skips.
 positional: _input, hostvars
 options:
+  nodes_dir:
+    description: The run's C(nodes) directory on the controller, where collect put each node's
+      run directory (C(<runs_dir>/<run_id>/nodes)); empty reads none.
+    type: str
+    default: ""
   _input:
     description: The hosts of the run.
     type: list
@@ -37,7 +49,7 @@ EXAMPLES = r"""
   ansible.builtin.add_host:
     name: "{{ item }}"
     groups: torchherd_teardown
-  loop: "{{ ansible_play_hosts | torchherd.cluster.rules_left(hostvars) }}"
+  loop: "{{ ansible_play_hosts | torchherd.cluster.rules_left(hostvars, nodes_dir=torchherd_plan.job.runs_dir ~ '/' ~ torchherd_plan.run_id ~ '/nodes') }}"
 """
 
 RETURN = r"""
@@ -63,18 +75,32 @@ def _untouched(hv):
     return not role_added and len(opened.get("rules", ["?"]) or []) == 0
 
 
-def _closed(hv):
+def _closed(hv, removed):
     watch = _plain(hv.get("torchherd_watch"))
-    return "firewall" in watch and "error" not in _plain(watch["firewall"])
+    if "firewall" in watch:
+        return "error" not in _plain(watch["firewall"])
+    return removed is not None and "error" not in removed
 
 
-def rules_left(hosts, hostvars):
+def _removed_by_supervisor(nodes_dir, host):
+    """The node's firewall.json as collect brought it back, or None."""
+    if not nodes_dir:
+        return None
+    try:
+        with open(os.path.join(nodes_dir, host, "firewall.json"), encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def rules_left(hosts, hostvars, nodes_dir=""):
     left = []
     for host in hosts:
         hv = hostvars.get(host, {})
         if _plain(hv.get("torchherd_watch")).get("unreachable"):
             continue
-        if _untouched(hv) or _closed(hv):
+        if _untouched(hv) or _closed(hv, _removed_by_supervisor(nodes_dir, host)):
             continue
         left.append(host)
     return left

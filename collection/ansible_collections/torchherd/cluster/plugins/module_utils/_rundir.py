@@ -38,6 +38,8 @@ def run_paths(root, run_id):
         "progress": os.path.join(run_dir, "progress"),
         # Written once the job was declared hung: every node's wait then returns.
         "hung": os.path.join(run_dir, "hung"),
+        # What the supervisor's removal of the start's firewall rules did, once its job ended.
+        "firewall": os.path.join(run_dir, "firewall.json"),
         # NCCL's Flight Recorder dumps and the pipes that ask for them (see _stacks).
         "flight_recorder": os.path.join(run_dir, "flight_recorder"),
     }

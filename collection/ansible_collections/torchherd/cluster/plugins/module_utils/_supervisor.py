@@ -18,6 +18,10 @@ import sys
 import threading
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
+    ProcessRunner,
+    close_rules,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master, Member
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
@@ -142,12 +146,14 @@ def job_env(p, run_dir, environ):
     return env, shown
 
 
-def spawn(p, paths, argv, environ, gang=None):
+def spawn(p, paths, argv, environ, gang=None, close=None):
     """Writes the run directory and starts torchrun under a detached supervisor; returns the
     start time once torchrun's pid is written (or 10 s have passed).
 
     `gang`: where the barrier ran in this call, the node's way into the gang, which the
-    supervisor joins ({"sock": the master's listening socket} or {"port": the master's})."""
+    supervisor joins ({"sock": the master's listening socket} or {"port": the master's}).
+    `close`: the firewall rule options of the rules this start opened, which the supervisor
+    removes once the job has ended here (firewall.json says what it removed)."""
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
     os.makedirs(paths["flight_recorder"], exist_ok=True)
     env, shown = job_env(p, paths["dir"], environ)
@@ -167,7 +173,8 @@ def spawn(p, paths, argv, environ, gang=None):
     if first == 0:
         # Double fork: the supervisor is re-parented to init and outlives this SSH session.
         if os.fork() == 0:
-            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting)
+            _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting,
+                       dict(close, run_id=p["run_id"]) if close else None)
         os._exit(0)
     os.waitpid(first, 0)
     if gang and gang.get("sock") is not None:
@@ -232,9 +239,9 @@ def _join(m, sock, port, stop):
     return gang
 
 
-def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
+def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
     """Runs in the detached grandchild: (the barrier and the gang, in the background), start
-    torchrun, wait, write the exit code."""
+    torchrun, wait, (remove the firewall rules the start opened), write the exit code."""
     os.setsid()
     write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -297,6 +304,8 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
     finally:
         if running.get("worker_code") and code < 0:
             code = running["worker_code"]  # the launcher was ended after its worker failed
+        if close is not None:
+            _close_rules(close, paths)
         # ended_at first: whoever sees the exit code must find the end time too.
         meta = load_json(paths["meta"], {})
         meta["ended_at"] = time.time()
@@ -308,6 +317,19 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None):
         elif gang is not None:
             gang.own_exit(code)
         os._exit(0)
+
+
+def _close_rules(close, paths):
+    """The start's firewall rules, removed with the firewall's own code before the exit code
+    is written: whoever sees the job ended here finds the rules gone (or the error)."""
+    try:
+        options = {k: v for k, v in close.items() if k != "run_id"}
+        closed = close_rules(ProcessRunner(_say), close["run_id"], options)
+    except Exception as exc:  # the exit code must be written whatever happens here
+        closed = {"changed": False, "error": f"{type(exc).__name__}: {exc}"}
+    if "error" in closed:
+        _say(f"the rules of run {close['run_id']} could not be removed here: {closed['error']}")
+    write_atomic(paths["firewall"], json.dumps(closed))
 
 
 # os.pidfd_open: Python 3.9 and later (the nodes' Python may be 3.8).

@@ -460,6 +460,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
     RULE_OPTIONS,
     FirewallError,
     Runner,
+    close_rules,
     converge_rules,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
@@ -515,7 +516,10 @@ def start(module, p, paths):
                              meta=p["meta"], probe=probe, **opened)
         if b["listen"] and gang_sock is None:
             gang = None  # no port for the gang here: the controller's watch stops the others
-    started_at = spawn(p, paths, argv, os.environ, gang=gang)
+    # The rules opened here go again as soon as the job ends on this node, by its supervisor,
+    # also where no controller watches any more (detached, or gone).
+    close = p["firewall"] if opened and opened["firewall"].get("rules") else None
+    started_at = spawn(p, paths, argv, os.environ, gang=gang, close=close)
     state = read_state(paths)
     extra = dict(opened, probe=probe) if probe is not None else opened
     module.exit_json(changed=True, started=True, job_state=state["state"], pid=state["pid"],
@@ -540,14 +544,16 @@ def report(module, paths, changed=False, **extra):
                      checked_at=time.time(), **extra)
 
 
-def close_firewall(module, p):
-    """Removes the run's rules (firewall_rules state=absent): what was removed, or the error,
-    since a rule that could not be removed must not hide the job's own state."""
-    try:
-        return converge_rules(Runner(module), dict(p["firewall"], state="absent", run_id=p["run_id"]))
-    except FirewallError as exc:
-        module.warn(f"the rules of run {p['run_id']} could not be removed here: {exc}")
-        return {"changed": False, "error": str(exc)}
+def close_firewall(module, p, paths):
+    """The run's rules removed here: by the supervisor already (its firewall.json), else now.
+    What was removed, or the error, since a rule that could not be removed must not hide the
+    job's own state."""
+    closed = load_json(paths["firewall"], None)
+    if not isinstance(closed, dict) or "error" in closed:
+        closed = close_rules(Runner(module), p["run_id"], p["firewall"])
+    if "error" in closed:
+        module.warn(f"the rules of run {p['run_id']} could not be removed here: {closed['error']}")
+    return closed
 
 
 def wait(module, p, paths, timeout):
@@ -580,7 +586,7 @@ def wait(module, p, paths, timeout):
                              "hung": os.path.exists(paths["hung"])}
     # Once the job has ended here, its rules go in this same call (no teardown round trip).
     if p["firewall"] is not None and state != "running" and not module.check_mode:
-        closed = close_firewall(module, p)
+        closed = close_firewall(module, p, paths)
         report(module, paths, changed=closed["changed"], firewall=closed, **extra)
     report(module, paths, **extra)
 

@@ -25,6 +25,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall.common
     RUN_ID,
     FirewallError,
     Plan,
+    ProcessRunner,
     Runner,
     Spec,
     diff,
@@ -39,7 +40,8 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall.iptabl
 from ansible_collections.torchherd.cluster.plugins.module_utils._firewall.nftables import Nftables
 from ansible_collections.torchherd.cluster.plugins.module_utils._firewall.ufw import Ufw
 
-__all__ = ["RULE_OPTIONS", "FirewallError", "Runner", "converge_rules"]
+__all__ = ["RULE_OPTIONS", "FirewallError", "ProcessRunner", "Runner", "close_rules",
+           "converge_rules"]
 
 # The options that say which rules a run needs: firewall_rules's, and the suboptions of
 # torchrun_job's firewall option.
@@ -181,6 +183,16 @@ def converge_rules(runner, p):
         fcntl.flock(lock, fcntl.LOCK_EX)
         result = _converge(runner, spec, run_id, p)
     return dict(result, peers=peers)
+
+
+def close_rules(runner, run_id, options):
+    """Removes the run's rules (converge_rules with state absent and the rule options the start
+    was given): what was removed, or {"changed": False, "error": why}, since a rule that cannot
+    be removed must not hide the job's own end."""
+    try:
+        return converge_rules(runner, dict(options, state="absent", run_id=run_id))
+    except FirewallError as exc:
+        return {"changed": False, "error": str(exc)}
 
 
 def _converge(runner, spec, run_id, p):

@@ -12,6 +12,8 @@ import hashlib
 import ipaddress
 import os
 import re
+import shutil
+import subprocess
 
 TAG = "torchherd:"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -56,6 +58,44 @@ class Runner:
     def probe(self, argv):
         """(rc, out, err) of a command whose failure is an answer, not an error."""
         return self._module.run_command(argv)
+
+
+class ProcessRunner(Runner):
+    """Runner for code outside a module (the job's supervisor, which removes the rules the start
+    opened once its job has ended): the same commands, run with subprocess; warnings go to
+    `say` (the node log)."""
+
+    # Where a module's get_bin_path looks besides PATH.
+    SBIN = ("/sbin", "/usr/sbin", "/usr/local/sbin")
+
+    def __init__(self, say=print):  # pylint: disable=super-init-not-called
+        self.check_mode = False
+        self.warn = say
+
+    def which(self, name):
+        path = os.pathsep.join([os.environ.get("PATH", os.defpath)] + list(self.SBIN))
+        return shutil.which(name, path=path)
+
+    def run(self, argv, data=None, what=None):
+        rc, out, err = self._run(argv, data)
+        if rc != 0:
+            detail = (err or out).strip()[-2000:]
+            raise FirewallError(f"{what or ' '.join(argv[:3])} failed (exit code {rc}): {detail}",
+                                cmd=argv)
+        return out
+
+    def probe(self, argv):
+        return self._run(argv)
+
+    @staticmethod
+    def _run(argv, data=None):
+        try:
+            proc = subprocess.run(argv, input=data.encode() if isinstance(data, str) else data,
+                                  capture_output=True, check=False, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return 127, "", str(exc)
+        return (proc.returncode, proc.stdout.decode(errors="replace"),
+                proc.stderr.decode(errors="replace"))
 
 
 def short_hash(text, length=8):
