@@ -11,6 +11,7 @@ the rules under test are the only ones.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -389,9 +390,9 @@ class FirewallSteps:
 
 def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_cluster, tmp_path):
     # The launch's own firewall phase, as root: the start opens each node's rules before its
-    # barrier (the job's rendezvous and gloo get through default-deny only then), and the wait
-    # that sees the job end removes them, after success and after a gang stop alike; the
-    # firewall role's own tasks (a round trip each) do not run.
+    # barrier (the job's rendezvous and gloo get through default-deny only then), and the
+    # node's supervisor removes them as the job ends there, after success and after a gang
+    # stop alike; the firewall role's own tasks (a round trip each) do not run, nor a teardown.
     cluster, backends = firewalled_cluster(make_cluster, "fwlaunch",
                                            ["nftables", "iptables", "ufw"])
     hosts = sorted(node.name for node in cluster.nodes)
@@ -406,8 +407,14 @@ def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_
             assert result.ok, result.reason
             assert [h["state"] for h in result.hosts.values()] == ["succeeded"] * len(backends)
         assert sorted(steps.opened) == hosts and all(f["rules"] for f in steps.opened.values())
-        assert sorted(steps.closed) == hosts, steps.closed
-        assert all("error" not in f and f["rules"] == [] for f in steps.closed.values())
+        # Each node's supervisor removed its rules as its job ended (firewall.json, collected);
+        # the watch waited on the master alone, whose wait reports that same removal.
+        removed = {host: json.loads((Path(result.run_dir) / "nodes" / host / "firewall.json")
+                                    .read_text()) for host in hosts}
+        assert all("error" not in f and f["rules"] == [] and f["changed"]
+                   for f in removed.values()), removed
+        assert list(steps.closed) == [cluster.nodes[0].name], steps.closed
+        assert steps.closed[cluster.nodes[0].name]["rules"] == []
         assert steps.role_tasks == []
         for node in cluster.nodes:
             assert leftovers(cluster, node) == [], node.name

@@ -86,3 +86,33 @@ def test_the_masters_bye_after_success_is_no_loss():
     time.sleep(0.2)
     assert stops[0].why == []
     nodes[0].own_exit(0)
+
+
+def test_the_master_says_whether_every_node_joined_and_stays_for_them_all():
+    """formed(joined, expected) once no more links are taken; own_exit returns only once every
+    joined node's link closed (their launchers ended), however long that takes."""
+    said = []
+    sock, error = bind(0)
+    assert sock is not None, error
+    port = sock.getsockname()[1]
+    master = Master(sock, 2, 1.0, Stops(), formed=lambda *counts: said.append(counts))
+    node = Member("127.0.0.1", port, None, 3, Stops(), "n1")
+    leaving = threading.Thread(target=master.own_exit, args=(0, "n0"))
+    leaving.start()
+    leaving.join(2.0)  # past the accept window: one of two joined, and its job still runs
+    assert said == [(1, 2)]
+    assert leaving.is_alive()
+    node.own_exit(0)
+    leaving.join(5)
+    assert not leaving.is_alive()
+
+    said.clear()
+    sock, error = bind(0)
+    port = sock.getsockname()[1]
+    master = Master(sock, 2, 10, Stops(), formed=lambda *counts: said.append(counts))
+    nodes = [Member("127.0.0.1", port, None, 3, Stops(), f"n{i}") for i in (1, 2)]
+    master.accepter.join(5)  # both joined: no need to wait out the window
+    assert said == [(2, 2)]
+    for node in nodes:
+        node.own_exit(0)
+    master.own_exit(0, "n0", linger=5)

@@ -262,3 +262,23 @@ def test_a_kept_hung_job_is_hung_and_running(tmp_path):
     results = {h: {"job_state": "running"} for h in ("n0", "n1", "n2")}
     s = summarize(str(tmp_path), plan(), results, {})
     assert s["state"] == "hung" and "left running" in s["reason"] and not s["hang"]["stopped"]
+
+
+def test_a_node_the_watch_did_not_wait_on_is_told_from_its_collected_run_directory(tmp_path):
+    """The master's gang spoke for n1 and n2: their results are their starts' (running); their
+    end, exit code and last line come from the run directories collect brought back."""
+    for host, code, line in (("n1", 0, "rank 1 ok"), ("n2", 3, "rank 2 gave up")):
+        d = tmp_path / "nodes" / host
+        d.mkdir(parents=True)
+        (d / "exit_code").write_text(f"{code}\n")
+        (d / "meta.json").write_text('{"started_at": 1.0, "ended_at": 9.0}')
+        (d / "node.log").write_text(f"starting\n{line}\n\n")
+    results = {"n0": {"job_state": "succeeded", "exit_code": 0, "ended_at": 9.5,
+                      "last_line": "rank 0 ok"},
+               "n1": {"job_state": "running", "started_at": 1.0},
+               "n2": {"job_state": "running", "started_at": 1.0}}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert [(h["state"], h["exit_code"], h["ended_at"], h["last_line"])
+            for h in s["hosts"].values()] == [("succeeded", 0, 9.5, "rank 0 ok"),
+                                              ("succeeded", 0, 9.0, "rank 1 ok"),
+                                              ("failed", 3, 9.0, "rank 2 gave up")]

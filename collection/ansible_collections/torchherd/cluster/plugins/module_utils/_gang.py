@@ -74,10 +74,13 @@ class _Link:
 
 class Master:
     """The master's side: answers the other nodes' links (up to `expect` of them, for
-    `window` seconds) and calls `stop(why)` for its own job on the first failure."""
+    `window` seconds) and calls `stop(why)` for its own job on the first failure.
+    `formed(joined, expected)` is called once no more links are taken: a gang that every node
+    joined speaks for all of them (the controller may then watch the master alone)."""
 
-    def __init__(self, sock, expect, window, stop, elastic=False):
+    def __init__(self, sock, expect, window, stop, elastic=False, formed=None):
         self.sock, self.expect, self.stop, self.elastic = sock, expect, stop, elastic
+        self.formed = formed
         self.deadline = time.monotonic() + window
         self.links = []
         self.failed = None
@@ -106,6 +109,8 @@ class Master:
             pass
         finally:
             self.sock.close()
+            if self.formed is not None:
+                self.formed(len(self.links), self.expect)
 
     def _read(self, link, peer):
         said = None
@@ -135,16 +140,18 @@ class Master:
         """A worker here ended with `code` while the launcher still runs: stop the others now."""
         self.fail(f"{name} ended with exit code {code}", own=True)
 
-    def own_exit(self, code, name, linger=120.0):
+    def own_exit(self, code, name, linger=None):
         """This node's launcher ended: a failure stops the others; then wait for their word
-        (the links close as their launchers end) so that late failures are still passed on."""
+        (the links close as their launchers end) so that late failures are still passed on,
+        and so that the master's supervisor ends only once the job has ended on every node
+        of the gang. A node that died without closing its link is found by TCP keepalive
+        (about 25 s); `linger` bounds the wait besides (None: no bound)."""
         if code != 0:
             self.fail(f"{name} ended with exit code {code}")
         self.accepter.join()
-        # Bounded: a node that died without closing its link must not keep us forever.
-        deadline = time.monotonic() + linger
+        deadline = None if linger is None else time.monotonic() + linger
         for reader in self.readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         for link in self.links:
             link.say(BYE)
             link.close()

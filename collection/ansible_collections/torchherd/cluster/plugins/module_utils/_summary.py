@@ -15,6 +15,8 @@ import os
 import re
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import last_line
+
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _BAD = ("failed", "lost", "timed_out")
@@ -257,13 +259,14 @@ def summarize(run_dir, plan, results, marks, previous=None):
         if state == "running":
             # The node's run directory, fetched after this result, may know better: a job
             # stopped (the gang stop after a hang) or ended since, or a node the watch did not
-            # wait on (fewer forks than nodes: the watch waits on the master alone).
+            # wait on (the master's gang spoke for it).
             ended = _ended_state(node_dir)
             if ended:
                 meta = _json(os.path.join(node_dir, "meta.json")) or {}
                 entry.update(state=ended, exit_code=int(_read(os.path.join(
                     node_dir, "exit_code")).strip()), ended_at=meta.get("ended_at"),
-                    started_at=entry["started_at"] or meta.get("started_at"))
+                    started_at=entry["started_at"] or meta.get("started_at"),
+                    last_line=last_line(os.path.join(node_dir, "node.log")))
                 state = ended
         if state == "stopped" and _failed_before_stop(node_dir):
             # Its own rank raised before the gang's stop reached it (another node's peers,

@@ -219,16 +219,25 @@ def _meet(m, paths, stop):
             f"{len(result.get('back_failed') or {})} could not be reached back"
             f"{': ' + str(result['back_failed']) if result.get('back_failed') else ''}")
         return None, why
-    return _join(m, gang_sock, result["gang_port"], stop), None
+    return _join(m, gang_sock, result["gang_port"], stop, paths), None
 
 
-def _join(m, sock, port, stop):
+def gang_formed(paths, joined, expected, error=None):
+    """On the master: how many of the other nodes joined its gang (gang.json). The wait that
+    watches the master alone for every node (torchrun_job's gang option) needs all of them."""
+    said = {"joined": joined, "expected": expected}
+    if error:
+        said["error"] = error
+    write_atomic(paths["gang"], json.dumps(said))
+
+
+def _join(m, sock, port, stop, paths):
     """This node's place in the gang once the barrier said go: the master answers on `sock`,
     every other node connects to `port` (None: the master has no gang, nor has this node)."""
     if m["listen"]:
         # Every other node connects within the barrier's own time, and then some.
         return Master(sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
-                      m["elastic"])
+                      m["elastic"], lambda joined, expected: gang_formed(paths, joined, expected))
     if not port:
         return None
     gang = Member(m["master_addr"], port, m["source"], m["timeout"], stop, m["name"],
@@ -273,7 +282,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
 
     try:
         if met:
-            gang = _join(meeting, met.get("sock"), met.get("port"), stop_here)
+            gang = _join(meeting, met.get("sock"), met.get("port"), stop_here, paths)
         elif meeting is not None:
             gang, why = _meet(meeting, paths, stop_here)
             if gang is None or os.path.exists(paths["stopped"]):

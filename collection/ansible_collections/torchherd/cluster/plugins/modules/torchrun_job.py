@@ -196,8 +196,11 @@ options:
     description:
       - With O(state=waiting) on the master, wait for the whole gang as well, not only this
         node's job; the master's supervisor stays until every node's supervisor said its
-        launcher ended, or was lost (RV(gang_ended)). A launch with fewer Ansible forks than
-        nodes waits this way on the master alone.
+        launcher ended, or was lost (RV(gang_ended)). The launch's watch waits this way on the
+        master alone where the nodes form the gang.
+      - That speaks for every node only where every node joined the gang; where one did not
+        (RV(gang_complete) false, RV(gang_formed) says how many did), the wait returns at once,
+        so that the caller can watch every node itself.
     type: bool
     default: false
   meta:
@@ -375,10 +378,22 @@ last_line:
   type: str
   sample: "[default0]:rank 0 ok"
 gang_ended:
-  description: With O(gang), whether the job has ended on every node of the gang.
+  description: With O(gang), whether the job has ended on every node of a complete gang.
   returned: with O(gang)
   type: bool
   sample: true
+gang_complete:
+  description: With O(gang), whether every other node joined the master's gang.
+  returned: with O(gang)
+  type: bool
+  sample: true
+gang_formed:
+  description: With O(gang), where the gang is not complete, how many of the other nodes joined
+    it (C(joined)), how many should have (C(expected)), and why not (C(error)) where the master
+    had no gang at all.
+  returned: with O(gang), where RV(gang_complete) is false and the gang has formed
+  type: dict
+  sample: {"joined": 6, "expected": 7}
 activity:
   description:
     - With O(hang), the node's last progress (C(last), its clock, null before any), whether it
@@ -478,6 +493,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._stop import sto
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
     StartError,
     check_start,
+    gang_formed,
     launcher_argv,
     spawn,
 )
@@ -516,6 +532,7 @@ def start(module, p, paths):
                              meta=p["meta"], probe=probe, **opened)
         if b["listen"] and gang_sock is None:
             gang = None  # no port for the gang here: the controller's watch stops the others
+            gang_formed(paths, 0, b["expect"] - 1, "no port for the gang on the master")
     # The rules opened here go again as soon as the job ends on this node, by its supervisor,
     # also where no controller watches any more (detached, or gone).
     close = p["firewall"] if opened and opened["firewall"].get("rules") else None
@@ -559,6 +576,7 @@ def close_firewall(module, p, paths):
 def wait(module, p, paths, timeout):
     deadline = time.monotonic() + timeout
     hang = p["hang"]
+    formed = None
     while True:
         left = deadline - time.monotonic()
         state = read_state(paths)["state"]
@@ -566,17 +584,32 @@ def wait(module, p, paths, timeout):
             break
         if hang and _quiet_changed(paths, hang):
             break
+        if p["gang"]:
+            # The master alone speaks for every node only where every node joined its gang;
+            # else the wait returns at once (gang_complete false), for a watch of every node.
+            formed = load_json(paths["gang"], None)
+            if formed is None:
+                sleep_until_gone(paths, min(left, 0.5))
+                continue
+            if formed.get("joined", 0) < formed.get("expected", 1):
+                break
         # Watching for a hang looks at the node's output every second (a stat or two).
         sleep_until_gone(paths, min(left, 1.0 if hang else 30.0))
+    extra = {}
+    if p["gang"]:
+        formed = formed or load_json(paths["gang"], None)
+        extra["gang_complete"] = bool(formed) and formed.get("joined", 0) >= formed.get("expected", 1)
+        if formed and not extra["gang_complete"]:
+            extra["gang_formed"] = formed
     # The gang's end: on the master, its supervisor stays until every node's launcher ended.
-    while p["gang"] and state != "running" and supervisor_alive(paths):
+    while p["gang"] and extra["gang_complete"] and state != "running" and supervisor_alive(paths):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         sleep_until_gone(paths, min(left, 30.0), which="supervisor")
-    extra = {}
     if p["gang"]:
-        extra["gang_ended"] = state != "running" and not supervisor_alive(paths)
+        extra["gang_ended"] = (extra["gang_complete"] and state != "running"
+                               and not supervisor_alive(paths))
         if not extra["gang_ended"]:
             state = "running"  # for the rules below: the job is not over everywhere yet
     if hang:
