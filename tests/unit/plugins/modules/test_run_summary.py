@@ -276,9 +276,10 @@ def test_a_node_the_watch_did_not_wait_on_is_told_from_its_collected_run_directo
     results = {"n0": {"job_state": "succeeded", "exit_code": 0, "ended_at": 9.5,
                       "last_line": "rank 0 ok"},
                "n1": {"job_state": "running", "started_at": 1.0},
-               "n2": {"job_state": "running", "started_at": 1.0}}
+               "n2": {"job_state": "running", "started_at": 1.0, "clock_offset": 2.5}}
     s = summarize(str(tmp_path), plan(), results, {})
+    # n2's clock is 2.5 s ahead of the controller's: its end on the controller's clock.
     assert [(h["state"], h["exit_code"], h["ended_at"], h["last_line"])
             for h in s["hosts"].values()] == [("succeeded", 0, 9.5, "rank 0 ok"),
                                               ("succeeded", 0, 9.0, "rank 1 ok"),
-                                              ("failed", 3, 9.0, "rank 2 gave up")]
+                                              ("failed", 3, 6.5, "rank 2 gave up")]

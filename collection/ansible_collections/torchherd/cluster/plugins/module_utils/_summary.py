@@ -263,8 +263,12 @@ def summarize(run_dir, plan, results, marks, previous=None):
             ended = _ended_state(node_dir)
             if ended:
                 meta = _json(os.path.join(node_dir, "meta.json")) or {}
+                # On the controller's clock, as the results' times are (node_results).
+                ended_at, offset = meta.get("ended_at"), entry["clock_offset"]
+                if ended_at is not None and offset is not None:
+                    ended_at = round(float(ended_at) - float(offset), 3)
                 entry.update(state=ended, exit_code=int(_read(os.path.join(
-                    node_dir, "exit_code")).strip()), ended_at=meta.get("ended_at"),
+                    node_dir, "exit_code")).strip()), ended_at=ended_at,
                     started_at=entry["started_at"] or meta.get("started_at"),
                     last_line=last_line(os.path.join(node_dir, "node.log")))
                 state = ended
