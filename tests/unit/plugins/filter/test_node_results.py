@@ -27,3 +27,16 @@ def test_a_node_whose_clock_is_minutes_ahead_does_not_look_later():
     # The same answers without the controller's time: the node's clock is all there is.
     hostvars["n1"]["torchherd_watch"].pop("received_at")
     assert node_results(["n1"], hostvars)["n1"]["ended_at"] == 1299.5
+
+
+def test_a_node_the_masters_gang_lost_while_its_job_ran_is_unreachable():
+    """The watch waited on the master alone; the gang lost n2 (its link closed without an
+    exit), so the launch did not collect it: lost, not running."""
+    master = watched(100.0, 100.0, 100.0, state="stopped")
+    master["torchherd_watch"]["gang_lost"] = ["n2"]
+    started = {"torchherd_node": {"node_rank": 1},
+               "torchherd_start": {"job_state": "running", "started_at": 90.0}}
+    results = node_results(["n0", "n1", "n2"], {"n0": master, "n1": started, "n2": started})
+    assert (results["n1"]["unreachable"], results["n2"]["unreachable"]) == (False, True)
+    assert results["n2"]["error"].startswith("its link to the master's gang closed")
+    assert results["n2"]["job_state"] == "running"  # summary makes it lost

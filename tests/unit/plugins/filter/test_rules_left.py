@@ -72,3 +72,12 @@ def test_a_node_the_watch_did_not_wait_on_is_clean_by_its_supervisors_word(tmp_p
     # The wait's own word wins where there is one.
     waited = dict(opened, torchherd_watch={"firewall": {"error": "ufw: busy"}})
     assert rules_left(["a"], {"a": waited}, nodes_dir=str(tmp_path)) == ["a"]
+
+
+def test_a_node_the_masters_gang_lost_is_left_out():
+    opened = {"torchherd_firewall": {"skipped": True},
+              "torchherd_start": {"firewall": {"rules": RULES}}}
+    hostvars = {"m": dict(opened, torchherd_watch={"firewall": {"rules": []},
+                                                   "gang_lost": ["b"]}),
+                "b": opened, "c": opened}
+    assert rules_left(list(hostvars), hostvars) == ["c"]

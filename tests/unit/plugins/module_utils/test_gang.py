@@ -75,6 +75,10 @@ def test_a_node_lost_without_a_word_stops_a_static_gang_not_an_elastic_one():
         assert stops[1].event.wait(0.5 if elastic else 5) is expected
         nodes[1].own_exit(0 if elastic else -15)
         master.own_exit(0, "n0", linger=2)
+        # The master names the node it lost (its first word on the link was its name).
+        assert master.lost == ["n1"]
+        if not elastic:
+            assert master_stop.why[0].startswith("n1 at ") and "was lost" in master_stop.why[0]
 
 
 def test_the_masters_bye_after_success_is_no_loss():

@@ -398,11 +398,11 @@ def test_after_a_barrier_in_the_start_call_the_supervisors_form_the_gang(tmp_pat
     spawn(params(barrier=dict(inline, listen=False), meta={"host": "b"}, **common), node,
           python("import sys, time; time.sleep(1); sys.exit(3)"), {}, gang={"port": port})
     assert (ended(node)["state"], ended(node)["exit_code"]) == ("failed", 3)
-    # Every other node joined: the master's gang speaks for them all (gang.json).
-    with open(master["gang"], encoding="utf-8") as handle:
-        assert json.load(handle) == {"joined": 1, "expected": 1}
-    assert not os.path.exists(node["gang"])
     stopped = ended(master, 10)
+    # Every other node joined: the master's gang spoke for them all, and lost none (gang.json).
+    with open(master["gang"], encoding="utf-8") as handle:
+        assert json.load(handle) == {"joined": 1, "expected": 1, "lost": []}
+    assert not os.path.exists(node["gang"])
     assert stopped["state"] == "stopped", stopped
     assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
     for paths in (master, node):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+from ansible_collections.torchherd.cluster.plugins.filter.node_results import gang_lost
+
 DOCUMENTATION = r"""
 name: rules_left
 author: torchherd developers
@@ -22,8 +24,8 @@ description:
     the node and wrote what it did to C(firewall.json) in the node's run directory: a node the
     watch did not wait on (it waited on the master alone) counts as clean when the copy of that
     file that collect brought back (under O(nodes_dir)) names no error.
-  - A node lost by the watch is left out too; it keeps its rules until stop or collect of the
-    run id reach it.
+  - A node lost by the watch, or by the master's gang (C(gang_lost) of the watch's wait on the
+    master), is left out too; it keeps its rules until stop or collect of the run id reach it.
   - Once for all nodes on the controller, instead of a condition on a teardown task that
     would cost a worker per node even where it skips.
 positional: _input, hostvars
@@ -96,9 +98,10 @@ def _removed_by_supervisor(nodes_dir, host):
 
 def rules_left(hosts, hostvars, nodes_dir=""):
     left = []
+    lost = gang_lost(hosts, hostvars)
     for host in hosts:
         hv = hostvars.get(host, {})
-        if _plain(hv.get("torchherd_watch")).get("unreachable"):
+        if _plain(hv.get("torchherd_watch")).get("unreachable") or host in lost:
             continue
         if _untouched(hv) or _closed(hv, _removed_by_supervisor(nodes_dir, host)):
             continue

@@ -25,6 +25,8 @@ import time
 
 STOP = "stop"
 EXIT = "exit"
+# A node's first word on its link: its name, so that the master can name a node it loses.
+JOIN = "join"
 # The master's last word when it leaves with its job ended: its link closing is then no loss.
 BYE = "bye"
 
@@ -84,6 +86,8 @@ class Master:
         self.deadline = time.monotonic() + window
         self.links = []
         self.failed = None
+        # The nodes whose link closed without an exit: names (or addresses, before a name).
+        self.lost = []
         self.lock = threading.Lock()
         self.readers = []
         self.accepter = threading.Thread(target=self._accept, daemon=True)
@@ -114,14 +118,21 @@ class Master:
 
     def _read(self, link, peer):
         said = None
+        name = None
         for line in link.lines():
             words = line.split()
-            if len(words) == 3 and words[0] == EXIT:
+            if len(words) == 2 and words[0] == JOIN:
+                name = words[1]
+            elif len(words) == 3 and words[0] == EXIT:
                 said = int(words[2]) if words[2].lstrip("-").isdigit() else 1
                 if said != 0:
                     self.fail(f"{words[1]} ended with exit code {said}")
-        if said is None and not self.elastic:
-            self.fail(f"the node at {peer} was lost (its link closed without an exit)")
+        if said is None:
+            with self.lock:
+                self.lost.append(name or peer)
+            if not self.elastic:
+                self.fail(f"{name or 'the node'} at {peer} was lost (its link closed without "
+                          f"an exit)")
 
     def fail(self, why, own=False):
         """Stop every node, once; this one too unless the failure is its own (`own`: its
@@ -171,6 +182,7 @@ class Member:
                                             source_address=(source, 0) if source else None)
             sock.settimeout(None)
             self.link = _Link(sock)
+            self.link.say(f"{JOIN} {name}")
         except OSError as exc:
             self.error = f"no link to the master's gang at {host}:{port}: {exc}"
             return

@@ -222,12 +222,15 @@ def _meet(m, paths, stop):
     return _join(m, gang_sock, result["gang_port"], stop, paths), None
 
 
-def gang_formed(paths, joined, expected, error=None):
-    """On the master: how many of the other nodes joined its gang (gang.json). The wait that
-    watches the master alone for every node (torchrun_job's gang option) needs all of them."""
+def gang_formed(paths, joined, expected, error=None, lost=None):
+    """On the master: how many of the other nodes joined its gang (gang.json), and, once its
+    job ended everywhere, the nodes it lost. The wait that watches the master alone for every
+    node (torchrun_job's gang option) needs all of them joined, and names the lost ones."""
     said = {"joined": joined, "expected": expected}
     if error:
         said["error"] = error
+    if lost is not None:
+        said["lost"] = lost
     write_atomic(paths["gang"], json.dumps(said))
 
 
@@ -323,6 +326,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
         # The others hear of this end once it is on disk here; the master stays for theirs.
         if isinstance(gang, Master):
             gang.own_exit(code, meeting["name"])
+            gang_formed(paths, len(gang.links), gang.expect, lost=list(gang.lost))
         elif gang is not None:
             gang.own_exit(code)
         os._exit(0)

@@ -382,6 +382,13 @@ gang_ended:
   returned: with O(gang)
   type: bool
   sample: true
+gang_lost:
+  description: With O(gang), once the gang has ended, the nodes (names) whose link to the
+    master's gang closed without their launcher's end.
+  returned: with O(gang)
+  type: list
+  elements: str
+  sample: ["node3"]
 gang_complete:
   description: With O(gang), whether every other node joined the master's gang.
   returned: with O(gang)
@@ -610,6 +617,10 @@ def wait(module, p, paths, timeout):
     if p["gang"]:
         extra["gang_ended"] = (extra["gang_complete"] and state != "running"
                                and not supervisor_alive(paths))
+        # The nodes the master's gang lost (their links closed without an exit): the launch
+        # does not try them again.
+        extra["gang_lost"] = ((load_json(paths["gang"], None) or {}).get("lost") or []
+                              if extra["gang_ended"] else [])
         if not extra["gang_ended"]:
             state = "running"  # for the rules below: the job is not over everywhere yet
     if hang:
