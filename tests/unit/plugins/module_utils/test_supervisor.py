@@ -19,6 +19,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
     read_state,
     run_paths,
+    supervisor_alive,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
@@ -399,7 +400,11 @@ def test_after_a_barrier_in_the_start_call_the_supervisors_form_the_gang(tmp_pat
           python("import sys, time; time.sleep(1); sys.exit(3)"), {}, gang={"port": port})
     assert (ended(node)["state"], ended(node)["exit_code"]) == ("failed", 3)
     stopped = ended(master, 10)
-    # Every other node joined: the master's gang spoke for them all, and lost none (gang.json).
+    # Every other node joined: the master's gang spoke for them all, and lost none (gang.json,
+    # final once the master's supervisor is gone, which the wait waits for).
+    deadline = time.monotonic() + 10
+    while supervisor_alive(master) and time.monotonic() < deadline:
+        time.sleep(0.05)
     with open(master["gang"], encoding="utf-8") as handle:
         assert json.load(handle) == {"joined": 1, "expected": 1, "lost": []}
     assert not os.path.exists(node["gang"])
