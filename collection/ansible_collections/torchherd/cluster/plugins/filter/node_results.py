@@ -14,7 +14,7 @@ description:
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
   - A node the master's gang lost (C(gang_lost) of the watch's wait on the master) while its
-    job ran counts as unreachable: the launch did not try it again.
+    job ran counts as unreachable (the launch did not try it again).
   - C(started_at) and C(ended_at) are on the controller's clock, C(clock_offset) seconds behind
     the node's (from the time the node answered and the time its answer came back, see the
     action of C(torchherd.cluster.torchrun_job)), so that nodes whose clocks disagree compare

@@ -21,7 +21,7 @@ description:
     firewall, backend none) and the start opened none either, or when its last wait removed the
     rules the start opened.
   - Where the start opened the rules, the job's supervisor removed them when the job ended on
-    the node and wrote what it did to C(firewall.json) in the node's run directory: a node the
+    the node and wrote what it did to C(firewall.json) in the node's run directory; a node the
     watch did not wait on (it waited on the master alone) counts as clean when the copy of that
     file that collect brought back (under O(nodes_dir)) names no error.
   - A node lost by the watch, or by the master's gang (C(gang_lost) of the watch's wait on the
