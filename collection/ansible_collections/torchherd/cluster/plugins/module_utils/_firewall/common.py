@@ -48,7 +48,7 @@ class Runner:
         return self._module.get_bin_path(name)
 
     def run(self, argv, data=None, what=None):
-        rc, out, err = self._module.run_command(argv, data=data, binary_data=data is not None)
+        rc, out, err = self._command(argv, data)
         if rc != 0:
             detail = (err or out).strip()[-2000:]
             raise FirewallError(f"{what or ' '.join(argv[:3])} failed (exit code {rc}): {detail}",
@@ -57,7 +57,10 @@ class Runner:
 
     def probe(self, argv):
         """(rc, out, err) of a command whose failure is an answer, not an error."""
-        return self._module.run_command(argv)
+        return self._command(argv)
+
+    def _command(self, argv, data=None):
+        return self._module.run_command(argv, data=data, binary_data=data is not None)
 
 
 class ProcessRunner(Runner):
@@ -76,19 +79,7 @@ class ProcessRunner(Runner):
         path = os.pathsep.join([os.environ.get("PATH", os.defpath)] + list(self.SBIN))
         return shutil.which(name, path=path)
 
-    def run(self, argv, data=None, what=None):
-        rc, out, err = self._run(argv, data)
-        if rc != 0:
-            detail = (err or out).strip()[-2000:]
-            raise FirewallError(f"{what or ' '.join(argv[:3])} failed (exit code {rc}): {detail}",
-                                cmd=argv)
-        return out
-
-    def probe(self, argv):
-        return self._run(argv)
-
-    @staticmethod
-    def _run(argv, data=None):
+    def _command(self, argv, data=None):
         try:
             proc = subprocess.run(argv, input=data.encode() if isinstance(data, str) else data,
                                   capture_output=True, check=False, timeout=120)
