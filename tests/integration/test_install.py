@@ -113,7 +113,12 @@ def test_installed_launch_on_the_container_cluster(installed, cluster3):
     result = json.loads(done.stdout)
     assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
     assert sorted(result["hosts"]) == sorted(n.name for n in cluster3.nodes)
-    assert all("sum=" in h["last_line"] for h in result["hosts"].values()), result["hosts"]
+    # Every node's log came back with its rank's result in it. (Not its last line: torchrun's
+    # agents may log a failed exit barrier after a good run, when the master's agent, which
+    # holds the store, leaves first.)
+    for name, h in result["hosts"].items():
+        assert h["state"] == "succeeded" and h["logs_fetched"], (name, h)
+        assert "sum=" in Path(h["log"]).read_text(), (name, h["last_line"])
 
 
 def test_a_collection_on_ansibles_path_comes_first_and_must_match(installed, tmp_path):
