@@ -151,6 +151,10 @@ _value:
     master:
       description: C(host), C(addr) and C(port) of the rendezvous master.
       type: dict
+    barrier:
+      description: Whether the start's barrier is on (false where a node's
+        C(torchherd_torchrun_barrier) turns it off); the schedule decides where it runs.
+      type: bool
 """
 
 import os
@@ -412,6 +416,10 @@ def plan(job, groups, hostvars, run_id=""):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip("._-") or "job"
     firewalls = {h: _firewall(h, hvs[h], merged, addresses, master, port, problems)
                  for h in nodes}
+    # The start barrier is the whole launch's (a node without it would never come to it): off
+    # where any node's torchherd_torchrun_barrier turns it off.
+    barrier = all([_host_setting(h, hvs[h], "torchherd_torchrun_barrier", True, boolean, problems)
+                   for h in nodes])
 
     # gloo and NCCL connect between the nodes on ports the kernel picks: mode ports without
     # ports (the master port is the rendezvous's alone) would let the rendezvous through and
@@ -452,6 +460,7 @@ def plan(job, groups, hostvars, run_id=""):
         "master": {"host": master,
                    "addr": merged["master_addr"] or addresses[master],
                    "port": port},
+        "barrier": barrier,
     }
 
 

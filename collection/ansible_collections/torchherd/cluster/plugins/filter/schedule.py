@@ -1,0 +1,238 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""The launch's schedule: every decision of how a launch runs, made once, from the plan and the
+settings. The plays and roles read it (torchherd_schedule); none of them decides again."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+DOCUMENTATION = r"""
+name: schedule
+author: torchherd developers
+version_added: 0.1.0
+short_description: Decide how a launch runs (batching, barrier, firewall, gang, watch, teardown)
+description:
+  - A pure function of the plan (C(torchherd.cluster.plan), which carries the start barrier's
+    setting), the playbook and the number of Ansible forks. Computed once per run by the plan role, written to
+    the run directory as C(schedule.json), and read by the plays and roles of the launch.
+  - C(all_at_once) says whether one task can run on every node at once (forks at least the
+    number of nodes). Some steps need that (verify's probe, the interconnect check, the hang
+    watch); C(forks_needed) names them, and C(forks_ok) is false where they cannot have it.
+  - The start's barrier runs in the start's own call where every node can be in it at once,
+    else in the nodes' supervisors (C(supervisors)). Turned off (the plan's C(barrier) false) it is off only
+    where the controller can watch every node at once; with fewer forks the supervisors still
+    meet, because their meeting forms the gang, the only fail-fast that reaches every node then.
+  - Where the nodes form the gang and the job is static and watched, the watch waits on the
+    master alone (its gang speaks for every node); where the gang turns out incomplete, every
+    node is watched on its own (C(watch.if_gang_incomplete)). Without the gang, with the hang
+    watch or an elastic rendezvous, every node is watched under the free strategy.
+  - The start opens the firewall rules itself where the job runs as root (C(firewall.start_opens)
+    applied per node by its facts), except where the interconnect check needs the rules before
+    the start; the job's supervisor closes what the start opened, and the teardown visits only
+    the nodes whose rules are still in place (C(teardown)).
+positional: _input
+options:
+  _input:
+    description: The plan (C(torchherd_plan)).
+    type: dict
+    required: true
+  forks:
+    description: Ansible's forks for this run (C(ansible_forks)).
+    type: int
+    required: true
+  playbook:
+    description: Which playbook runs (C(launch) or C(verify)); verify runs everything at once.
+    type: str
+    default: launch
+    choices: [launch, verify]
+"""
+
+EXAMPLES = r"""
+- name: Schedule the launch
+  ansible.builtin.set_fact:
+    torchherd_schedule: "{{ torchherd_plan | torchherd.cluster.schedule(forks=ansible_forks | int) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The schedule.
+  type: dict
+  contains:
+    nodes:
+      description: The number of nodes.
+      type: int
+    forks:
+      description: Ansible's forks.
+      type: int
+    all_at_once:
+      description: Whether a task runs on every node at once (forks at least the node count).
+      type: bool
+    forks_needed:
+      description: What of this run needs every node at once (empty where nothing does).
+      type: list
+      elements: str
+    forks_ok:
+      description: Whether the forks suffice for C(forks_needed).
+      type: bool
+    barrier:
+      description: Where the start's barrier runs, C(start) (in the start's call), C(supervisors)
+        or C(none).
+      type: str
+    gang:
+      description: Whether the nodes' supervisors form the gang (fail-fast among the nodes).
+      type: bool
+    firewall:
+      description: Who opens and closes the job's firewall rules.
+      type: dict
+      contains:
+        start_opens:
+          description: Whether the start opens the rules on the nodes where the job runs as
+            root (the firewall role on the others); the supervisor closes them at the job's end.
+          type: bool
+    watch:
+      description: How the job is watched.
+      type: dict
+      contains:
+        hosts:
+          description: The nodes the watch waits on.
+          type: list
+          elements: str
+        master_alone:
+          description: Whether the master's wait speaks for every node (through its gang).
+          type: bool
+        strategy:
+          description: The watch play's strategy, C(ansible.builtin.linear) or C(ansible.builtin.free).
+          type: str
+        stops_all:
+          description: Whether every failed node's rescue stops every node (C(true) under the
+            free strategy), or only the first failed one (the waits returned together).
+          type: bool
+        once:
+          description: Whether the watch looks once and returns (a detached launch).
+          type: bool
+        if_gang_incomplete:
+          description: What follows when a node could not join the master's gang,
+            C(watch_every_node) or C(nothing).
+          type: str
+    teardown:
+      description: Which nodes the teardown visits, C(nodes_with_rules) (those whose rules are
+        still in place after the watch) or C(none) (a detached launch keeps its rules until stop
+        or collect).
+      type: str
+    why:
+      description: For each decision, in words, why it came out as it did.
+      type: dict
+"""
+
+LINEAR = "ansible.builtin.linear"
+FREE = "ansible.builtin.free"
+
+
+def _needs_every_node(plan, playbook):
+    job = plan["job"]
+    if playbook == "verify":
+        return ["the master-port probe", "the interconnect check"]
+    needs = []
+    if job.get("interconnect") == "always":
+        needs.append("the interconnect check (interconnect always)")
+    if int(job.get("hang_timeout") or 0) > 0:
+        needs.append("the hang watch (hang_timeout)")
+    return needs
+
+
+def schedule(plan, forks, playbook="launch"):
+    if not isinstance(plan, dict) or "nodes" not in plan or "job" not in plan:
+        raise AnsibleFilterError("schedule: expected the plan (torchherd_plan), found "
+                                 f"{type(plan).__name__}")
+    job = plan["job"]
+    hosts = [node["host"] for node in plan["nodes"]]
+    master = plan["master"]["host"]
+    forks = int(forks)
+    barrier = plan.get("barrier", True)
+    all_at_once = forks >= len(hosts)
+    needed = _needs_every_node(plan, playbook)
+    why = {}
+
+    if not barrier and all_at_once:
+        where = "none"
+        why["barrier"] = "turned off (torchherd_torchrun_barrier false): no barrier, no gang"
+    elif all_at_once:
+        where = "start"
+        why["barrier"] = "every node is in the start's call at once"
+    else:
+        where = "supervisors"
+        why["barrier"] = (f"fewer forks ({forks}) than nodes ({len(hosts)}): later nodes start "
+                          "while the first wait, so the supervisors meet"
+                          + ("; on although turned off, because the gang forms there and is "
+                             "the only fail-fast that reaches every node" if not barrier else ""))
+    gang = where != "none"
+
+    detach = bool(job.get("detach"))
+    static = job.get("rdzv", "static") == "static"
+    hang = int(job.get("hang_timeout") or 0) > 0
+    # The free strategy, every node waiting on its own job, where the controller must act on one
+    # node's word at once: no gang to stop the others, or the hang watch (the node that declares
+    # the hang reads every rank's stack right then).
+    free = hang or not gang
+    # verify starts no job; a job started on its plan (the roles on their own) is watched on
+    # every node.
+    master_alone = playbook == "launch" and (
+        (not all_at_once) or (not free and static and not detach))
+    if playbook == "verify":
+        why["watch"] = "verify starts no job: a job started on its plan is watched on every node"
+    elif not all_at_once:
+        why["watch"] = ("fewer forks than nodes: a wait in flight on every node would queue the "
+                        "others for the whole job; the master's gang speaks for every node")
+    elif master_alone:
+        why["watch"] = "the nodes form the gang and the job is static: the master speaks for all"
+    elif not gang:
+        why["watch"] = "no gang: every node waits on its own job, a failure stops every node"
+    elif hang:
+        why["watch"] = "the hang watch: every node watches its own ranks' activity"
+    elif detach:
+        why["watch"] = "detached: every node is looked at once"
+    else:
+        why["watch"] = "elastic: the job goes on without lost nodes, the master's among them"
+    watch = {
+        "hosts": [master] if master_alone else hosts,
+        "master_alone": master_alone and len(hosts) > 1,
+        "strategy": FREE if free else LINEAR,
+        # Under the linear strategy every wait has returned when a rescue runs: the gang ended
+        # the job everywhere, one node's stop is the check that nothing runs.
+        "stops_all": free,
+        "once": detach,
+        "if_gang_incomplete": "watch_every_node" if master_alone and len(hosts) > 1 else "nothing",
+    }
+
+    start_opens = job.get("interconnect") != "always" and playbook == "launch"
+    why["firewall"] = ("the start opens the rules in its own round trip where the job runs as "
+                       "root (the firewall role elsewhere); the supervisor closes them"
+                       if start_opens else
+                       "the firewall role opens the rules before the start: "
+                       + ("the interconnect check needs them" if playbook == "launch"
+                          else "verify measures over them"))
+    teardown = "none" if detach else "nodes_with_rules"
+    why["teardown"] = ("detached: the rules stay until stop or collect of the run id"
+                       if detach else "the nodes whose rules are still in place after the watch")
+    return {
+        "playbook": playbook,
+        "nodes": len(hosts),
+        "forks": forks,
+        "all_at_once": all_at_once,
+        "forks_needed": needed,
+        "forks_ok": all_at_once or not needed,
+        "barrier": where,
+        "gang": gang,
+        "firewall": {"start_opens": start_opens},
+        "watch": watch,
+        "teardown": teardown,
+        "why": why,
+    }
+
+
+class FilterModule:
+    """torchherd schedule filter."""
+
+    def filters(self):
+        return {"schedule": schedule}

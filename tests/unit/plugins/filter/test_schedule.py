@@ -1,0 +1,136 @@
+"""The launch's schedule as a truth table over its inputs: forks against nodes, the barrier's
+setting, the hang watch, the rendezvous, detach, the interconnect check and the playbook."""
+
+import itertools
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
+from ansible_collections.torchherd.cluster.plugins.filter.schedule import FREE, LINEAR, schedule
+from driver.runner import all_at_once
+
+HOSTS = ["n0", "n1", "n2", "n3"]
+GROUPS = {"torchherd_nodes": HOSTS}
+HOSTVARS = {h: {"ansible_host": f"10.0.0.{i + 1}"} for i, h in enumerate(HOSTS)}
+
+
+def planned(barrier=True, **job):
+    job.setdefault("script", "train.py")
+    if job.get("rdzv") == "c10d":
+        job.setdefault("nnodes", "2:4")
+    # The barrier's setting is the nodes' (an INI inventory gives it as a string).
+    hostvars = {h: {**hv, "torchherd_torchrun_barrier": "true" if barrier else "false"}
+                for h, hv in HOSTVARS.items()}
+    return plan(job, GROUPS, hostvars, run_id="r1")
+
+
+# The inputs, each with its values; every combination is a row of the table.
+FORKS = {"all": 4, "fewer": 2}
+JOBS = {
+    "plain": {},
+    "hang": {"hang_timeout": 60},
+    "elastic": {"rdzv": "c10d", "max_restarts": 1},
+    "detach": {"detach": True},
+    "interconnect": {"interconnect": "always"},
+}
+
+
+def expected(forks, barrier, job):
+    """The rules, written out once more the plain way, to hold the filter to them."""
+    together = forks == "all"
+    hang, elastic = "hang_timeout" in job, job.get("rdzv") == "c10d"
+    detach, measure = job.get("detach", False), job.get("interconnect") == "always"
+    where = "start" if together and barrier else "none" if together else "supervisors"
+    gang = where != "none"
+    free = hang or not gang
+    alone = not together or (not free and not elastic and not detach)
+    return {
+        "all_at_once": together,
+        "forks_ok": together or not (hang or measure),
+        "barrier": where,
+        "gang": gang,
+        "start_opens": not measure,
+        "hosts": ["n0"] if alone else HOSTS,
+        "strategy": FREE if free else LINEAR,
+        "stops_all": free,
+        "once": detach,
+        "if_gang_incomplete": "watch_every_node" if alone else "nothing",
+        "teardown": "none" if detach else "nodes_with_rules",
+    }
+
+
+@pytest.mark.parametrize("forks,barrier,kind", list(itertools.product(FORKS, [True, False], JOBS)))
+def test_truth_table(forks, barrier, kind):
+    s = schedule(planned(barrier, **JOBS[kind]), FORKS[forks])
+    got = {
+        "all_at_once": s["all_at_once"], "forks_ok": s["forks_ok"], "barrier": s["barrier"],
+        "gang": s["gang"], "start_opens": s["firewall"]["start_opens"],
+        "hosts": s["watch"]["hosts"], "strategy": s["watch"]["strategy"],
+        "stops_all": s["watch"]["stops_all"], "once": s["watch"]["once"],
+        "if_gang_incomplete": s["watch"]["if_gang_incomplete"], "teardown": s["teardown"],
+    }
+    assert got == expected(forks, barrier, JOBS[kind])
+    # Every decision says why.
+    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown"}
+
+
+def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
+    # The controller can watch only some nodes: without the gang a failing worker on an
+    # unwatched node would go unnoticed until the master ends.
+    s = schedule(planned(barrier=False), 2)
+    assert s["barrier"] == "supervisors" and s["gang"]
+    assert s["watch"]["hosts"] == ["n0"] and s["watch"]["strategy"] == LINEAR
+    assert "turned off" in s["why"]["barrier"]
+
+
+def test_what_needs_every_node_at_once_is_named():
+    s = schedule(planned(interconnect="always", hang_timeout=30), 2)
+    assert not s["forks_ok"]
+    assert s["forks_needed"] == ["the interconnect check (interconnect always)",
+                                 "the hang watch (hang_timeout)"]
+    assert schedule(planned(), 2)["forks_needed"] == []
+
+
+def test_verify_runs_everything_at_once_and_the_role_opens_the_firewall():
+    s = schedule(planned(), 2, playbook="verify")
+    assert not s["forks_ok"] and "the master-port probe" in s["forks_needed"]
+    assert not s["firewall"]["start_opens"]
+    assert schedule(planned(), 4, playbook="verify")["forks_ok"]
+
+
+def test_one_node_is_never_master_alone():
+    s = schedule(plan({"script": "t.py"}, {"torchherd_nodes": ["n0"]}, HOSTVARS, run_id="r"), 5)
+    assert s["watch"]["hosts"] == ["n0"]
+    assert not s["watch"]["master_alone"] and s["watch"]["if_gang_incomplete"] == "nothing"
+
+
+def test_not_a_plan_is_refused():
+    with pytest.raises(AnsibleFilterError, match="expected the plan"):
+        schedule({"script": "t.py"}, 4)
+
+
+@pytest.mark.parametrize("playbook,job", [
+    ("launch", {}), ("launch", {"hang_timeout": 60}), ("launch", {"interconnect": "always"}),
+    ("launch", {"interconnect": "never"}), ("launch", {"detach": True, "hang_timeout": 5}),
+    ("verify", {}),
+])
+def test_the_drivers_all_at_once_is_the_schedules(playbook, job):
+    # The driver raises the forks where a playbook needs every node at once; the schedule is
+    # where that is decided, and the two must not drift apart.
+    needed = bool(schedule(planned(**job), 1, playbook=playbook)["forks_needed"])
+    assert all_at_once(playbook, {"torchherd_job": {"script": "t.py", **job}}) == needed
+
+
+def test_one_node_without_the_barrier_turns_it_off_for_the_launch():
+    hostvars = {**HOSTVARS, "n2": {**HOSTVARS["n2"], "torchherd_torchrun_barrier": False}}
+    p = plan({"script": "t.py"}, GROUPS, hostvars, run_id="r")
+    assert p["barrier"] is False and schedule(p, 4)["barrier"] == "none"
+    assert plan({"script": "t.py"}, GROUPS, HOSTVARS, run_id="r")["barrier"] is True
+
+
+def test_a_job_started_on_verifys_plan_is_watched_on_every_node():
+    # The roles on their own (molecule's scenarios) start and watch a job on a verify plan.
+    s = schedule(planned(), 4, playbook="verify")
+    assert s["watch"]["hosts"] == HOSTS and not s["watch"]["master_alone"]
+    assert s["watch"]["if_gang_incomplete"] == "nothing"
