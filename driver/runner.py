@@ -141,7 +141,10 @@ def _cmdline(all_at_once: bool) -> list[str]:
 
 
 def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
-    """Whether playbook `name` runs a task on every node at once (see FORKS)."""
+    """Whether playbook `name` runs a task on every node at once (see FORKS): the collection's
+    schedule decides it (its forks_needed, filter torchherd.cluster.schedule); this copy only
+    raises the forks beforehand, and tests/unit/plugins/filter/test_schedule.py keeps the two
+    equal."""
     job = extravars.get("torchherd_job") or {}
     return name == "verify" or (name == "launch" and isinstance(job, dict) and (
         job.get("interconnect") == "always" or bool(job.get("hang_timeout"))))

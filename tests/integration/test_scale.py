@@ -52,21 +52,41 @@ def test_more_nodes_than_forks_run_and_stop_together_after_a_failure(make_cluste
 
     # A rank raises a second after the all-reduce; its node tells the master's supervisor,
     # which stops every node: all within 10 s, whatever the controller's workers are doing.
-    failed = launch(job("forks-fail", "--fail-rank", str(FAIL), "--fail-after", "1"),
-                    cluster.inventory, runs_dir=tmp_path)
+    assert_failure_stops_every_node(cluster, cluster.inventory, tmp_path, "forks-fail")
+
+
+def test_barrier_off_with_fewer_forks_still_stops_every_node_after_a_failure(make_cluster,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    # The barrier turned off on every node: with fewer forks than nodes the controller watches
+    # the master alone, so the nodes' gang must still form (the schedule keeps the supervisors'
+    # meeting) or a failing rank on a later node goes unnoticed until the master ends.
+    monkeypatch.setenv("ANSIBLE_FORKS", str(FORKS))
+    cluster = make_cluster(f"nobar{NODES}", NODES)
+    inventory = cluster.write_inventory(
+        {node.name: {"torchherd_torchrun_barrier": "false"} for node in cluster.nodes})
+    assert_failure_stops_every_node(cluster, inventory, tmp_path, "nobar-fail")
+    schedule = json.loads((tmp_path / "nobar-fail" / "schedule.json").read_text())
+    assert schedule["barrier"] == "supervisors" and schedule["gang"], schedule
+    assert "turned off" in schedule["why"]["barrier"]
+
+
+def assert_failure_stops_every_node(cluster, inventory, runs_dir, run_id):
+    failed = launch(job(run_id, "--fail-rank", str(FAIL), "--fail-after", "1"),
+                    inventory, runs_dir=runs_dir)
     returned = time.time()
     assert failed.exit_code == Exit.JOB_FAILED, failed.reason
-    summary = json.loads((tmp_path / "forks-fail" / "summary.json").read_text())
+    summary = json.loads((runs_dir / run_id / "summary.json").read_text())
     culprit = cluster.nodes[FAIL].name
     assert culprit in summary["reason"], summary["reason"]
     assert f"injected failure on rank {FAIL}" in summary["reason"]
-    log = (tmp_path / "forks-fail" / "nodes" / culprit / "node.log").read_text()
+    log = (runs_dir / run_id / "nodes" / culprit / "node.log").read_text()
     failed_at = float(re.search(rf"torchherd-fail rank={FAIL} t=([\d.]+)", log).group(1))
     slowest = max(h["ended_at"] - failed_at for h in summary["hosts"].values())
     assert slowest < 10, f"the last node stopped {slowest:.1f} s after the failure"
     assert {h["state"] for n, h in summary["hosts"].items() if n != culprit} <= {"stopped",
                                                                                 "failed"}
-    print(f"{NODES} nodes, forks {FORKS}: failure -> all stopped {slowest:.1f} s, "
+    print(f"{run_id}: {NODES} nodes, forks {FORKS}: failure -> all stopped {slowest:.1f} s, "
           f"-> launch returned {returned - failed_at:.1f} s")
     for node in cluster.nodes:
         assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == [], node.name
