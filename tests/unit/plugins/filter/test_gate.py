@@ -4,8 +4,29 @@ import copy
 
 import pytest
 
-from ansible_collections.torchherd.cluster.plugins.filter.gate import gate
+from ansible_collections.torchherd.cluster.plugins.filter.gate import (
+    DEFAULT_MATCH,
+    NODE_CHECKS,
+    _backend,
+    _match_keys,
+    _nprocs,
+    answered,
+    backend_available,
+    disk,
+    duplicate_gpus,
+    firewall_without_root,
+    gate,
+    interpreter,
+    launcher_installed,
+    py_spy,
+    reachable,
+    rsync,
+    run_id_free,
+    same_gpu_count,
+    versions_match,
+)
 from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 
 CPU = {
     "hostname": "n0", "root": "/root/.torchherd", "rsync": "/usr/bin/rsync",
@@ -305,3 +326,100 @@ def test_the_interconnect_verdict_joins_the_gate_with_every_nodes_result():
     assert verdict["interconnect"]["slow_nodes"] == ["c"]
     assert verdict["interconnect"]["results"]["a"]["seconds"] == 3.0
     assert "interconnect: all-reduce bus bandwidth 0.001 GB/s" in verdict["table"]
+
+
+# The checks one by one (gate runs them in order and lists their problems as they come).
+
+def test_answered_separates_the_nodes_with_facts_from_those_that_gave_none():
+    hostvars = {"a": {"torchherd_facts": cpu("a")},
+                "b": {"ansible_host": "10.0.0.2", "torchherd_facts": {
+                    "unreachable": True, "msg": "Host key verification failed."}},
+                "c": {"torchherd_facts": {"failed": True, "msg": " no python \n"}}}
+    facts, problems = answered(["a", "b", "c", "d"], hostvars)
+    assert list(facts) == ["a"]
+    assert [(p["host"], p["check"], p["found"]) for p in problems] == [
+        ("b", "ssh host key", "an unknown or changed host key (Host key verification failed.)"),
+        ("c", "facts", "no python"), ("d", "facts", "no facts")]
+    assert "ssh-keyscan 10.0.0.2" in problems[0]["fix"]
+
+
+def test_node_checks_of_a_healthy_node_find_nothing():
+    _hosts, _hv, p = make({"a": cpu("a")}, hang_timeout=600)
+    facts = dict(cpu("a"), py_spy="/usr/bin/py-spy")
+    assert [check("a", facts, p) for check in NODE_CHECKS] == [[]] * len(NODE_CHECKS)
+
+
+def test_node_checks_one_by_one():
+    _hosts, _hv, p = make({"a": cpu("a")}, hang_timeout=600)
+    facts = dict(cpu("a"), rsync=None, disk_free_bytes=1, running_jobs={"/x/runs/r1": [7],
+                                                                        "/x/runs/r10": [8]})
+    facts["python"] = {"path": "/v/python", "version": None, "error": "not found"}
+    assert interpreter("a", facts, p)[0]["check"] == "python"
+    assert rsync("a", facts, p)[0]["found"] == "not found"
+    assert "/v/python -m pip install py-spy" in py_spy("a", facts, p)[0]["fix"]
+    assert disk("a", facts, p)[0]["found"] == "0.0 GiB"
+    assert [x["found"] for x in run_id_free("a", facts, p)] == ["running as pids [7]"]
+
+
+def test_launcher_installed_and_its_version_compared_only_for_a_launcher_of_its_own():
+    nodes = {"a": with_launchers("a", deepspeed="0.17.0"), "b": with_launchers("b")}
+    assert launcher_installed(nodes, LAUNCHERS["torchrun"]) == []
+    problem, = launcher_installed(nodes, LAUNCHERS["deepspeed"])
+    assert (problem["host"], problem["check"]) == ("b", "deepspeed")
+    assert "pip install deepspeed with /usr/bin/python3" in problem["fix"]
+    assert _match_keys(None, LAUNCHERS["torchrun"]) == DEFAULT_MATCH
+    assert _match_keys(["torch.version"], LAUNCHERS["deepspeed"]) == [
+        "torch.version", "torch.launchers.deepspeed"]
+
+
+def test_versions_match_the_first_usable_node_without_the_master():
+    old = cpu("c")
+    old["torch"]["version"] = "2.0.0"
+    problem, = versions_match({"b": cpu("b"), "c": old}, "a", ["torch.version"])
+    assert (problem["host"], problem["expected"]) == ("c", "2.13.0+cpu (as on b)")
+    assert versions_match({}, "a", ["torch.version"]) == []
+
+
+def test_a_node_the_master_cannot_reach_back_and_its_rules_without_root():
+    hosts, hostvars, p = make({"a": cpu("a"), "b": cpu("b")}, firewall_mode="ports",
+                              firewall_ports=["50000-50999"])
+    hostvars["a"]["torchherd_start"] = {"probe": {"reachable": True,
+                                                  "back_failed": {"10.0.0.2": "refused"}}}
+    hostvars["b"]["torchherd_probe"] = {"reachable": True, "address": "10.0.0.2",
+                                        "back_error": "timed out"}
+    hostvars["b"]["torchherd_firewall"] = {"no_privilege": True, "msg": "sudo: a password"}
+    problem, = reachable({"a": cpu("a"), "b": cpu("b")}, hostvars, p)
+    assert (problem["host"], problem["check"]) == ("a -> b", "reachable from the master")
+    assert problem["found"] == "refused (timed out)"
+    rules, = firewall_without_root(hosts, hostvars, p)
+    assert rules["host"] == "b" and "TCP ports 50000-50999 from 10.0.0.1" in rules["expected"]
+    assert "tcp dport { 50000-50999 }" in rules["fix"]
+    verdict = gate(hosts, hostvars, p)
+    assert checks(verdict) == [("a -> b", "reachable from the master"),
+                               ("b", "firewall (no root)")]
+    # Where every path opened, no node is asked for rules.
+    del hostvars["b"]["torchherd_probe"], hostvars["a"]["torchherd_start"]
+    assert gate(hosts, hostvars, p)["ok"]
+
+
+def test_process_counts_and_backend_resolved():
+    _hosts, _hv, p = make({"a": cpu("a"), "b": cpu("b")})
+    assert same_gpu_count({"a": 8, "b": 8}) == []
+    assert [x["host"] for x in same_gpu_count({"a": 8, "b": 4})] == ["a", "b"]
+    # The job's auto everywhere: the smallest GPU count on every node (1 without GPUs).
+    assert _nprocs(["a", "b"], p, {"a": 8, "b": 4}, auto=True) == {"a": 4, "b": 4}
+    assert _nprocs(["a", "b"], p, {"a": 8, "b": 4}, auto=False) == {"a": 8, "b": 4}
+    assert _nprocs(["a", "b"], p, {}, auto=True) == {"a": 1, "b": 1}
+    assert _backend({"backend": "auto"}, {"a": 1, "b": 0}) == "gloo"
+    assert _backend({"backend": "auto"}, {"a": 1, "b": 2}) == "nccl"
+    assert _backend({"backend": "gloo"}, {"a": 1}) == "gloo"
+
+
+def test_backend_available_and_duplicate_gpus_by_backend():
+    box = {"a": gpu_facts("box", 1), "b": gpu_facts("box", 1)}
+    assert backend_available(box, "nccl", {"a": 1, "b": 1}, {"a": 1, "b": 1}) == []
+    assert [x["check"] for x in backend_available(box, "nccl", {"a": 1, "b": 1},
+                                                  {"a": 2, "b": 1})] == ["gpus"]
+    assert [x["host"] for x in duplicate_gpus(box, "nccl")] == ["a, b"]
+    # gloo does not mind two processes on one GPU.
+    assert duplicate_gpus(box, "gloo") == []

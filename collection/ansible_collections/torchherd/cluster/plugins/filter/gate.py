@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect import judge
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 
 DOCUMENTATION = r"""
 name: gate
@@ -34,12 +35,14 @@ options:
     type: dict
     required: true
   match:
-    description: Fact keys that must be equal on every node.
-    type: list
-    elements: str
+    description:
+      - Fact keys that must be equal on every node; the version of the job's launcher (other
+        than torchrun) is compared as well.
       - C(python.minor) is the major and minor version of the job's Python (3.11); a patch
         release (3.11.2 against 3.11.9) does not break a job, another minor version does
         (pickled objects, compiled extensions).
+    type: list
+    elements: str
     default: [python.minor, torch.version, torch.cuda, torch.nccl]
 """
 
@@ -95,6 +98,12 @@ _value:
       type: str
 """
 
+
+def _launcher_key(name):
+    """The fact key of a launcher's installed version (node_facts's torch.launchers)."""
+    return f"torch.launchers.{name}"
+
+
 DEFAULT_MATCH = ["python.minor", "torch.version", "torch.cuda", "torch.nccl"]
 MIN_FREE_BYTES = 1 << 30
 
@@ -105,11 +114,9 @@ FIXES = {
                      "job's venv), or point torchherd_job.python at the venv that has it",
     "torch.cuda": "install the torch build for the same CUDA version on every node",
     "torch.nccl": "install the same torch build (it bundles NCCL) on every node",
-    "torch.launchers.accelerate": "install the same accelerate on every node (pip install "
-                                  "accelerate==<version> in the job's venv)",
-    "torch.launchers.deepspeed": "install the same deepspeed on every node (pip install "
-                                 "deepspeed==<version> in the job's venv)",
 }
+FIXES.update({_launcher_key(name): launcher.FIX for name, launcher in LAUNCHERS.items()
+              if launcher.FIX})
 
 
 def _minor(facts):
@@ -159,11 +166,56 @@ def _fmt_bytes(count):
 
 
 def gate(hosts, hostvars, plan, match=None):
-    match = DEFAULT_MATCH if match is None else list(match)
-    job = plan["job"]
-    master = plan["master"]["host"]
-    problems = []
-    facts = {}
+    """The verdict on the nodes' facts (see RETURN): every check below, its problems listed in
+    this order, and the process counts and backend resolved from the facts."""
+    job, master = plan["job"], plan["master"]["host"]
+    launcher = LAUNCHERS[job.get("launcher", "torchrun")]
+    facts, problems = answered(hosts, hostvars)
+    for host, f in facts.items():
+        for check in NODE_CHECKS:
+            problems += check(host, f, plan)
+    usable = {h: f for h, f in facts.items() if f["torch"].get("version")}
+    problems += launcher_installed(usable, launcher)
+    problems += versions_match(usable, master, _match_keys(match, launcher))
+    unreachable = reachable(facts, hostvars, plan)
+    problems += unreachable
+    interfaces, missing = chosen_interfaces(facts, plan)
+    problems += missing
+    if unreachable:
+        problems += firewall_without_root(hosts, hostvars, plan)
+    problems += master_port(facts, plan)
+    gpu_counts = {h: int(f["torch"].get("gpu_count") or 0) for h, f in usable.items()}
+    # The job's auto on every node: a node with fewer GPUs than the others is more often a
+    # broken GPU than a plan; nodes that differ on purpose set their own counts.
+    auto = plan["nproc_per_node"] == "auto" and not any(
+        hostvars.get(h, {}).get("torchherd_nproc_per_node") is not None for h in hosts)
+    if auto:
+        problems += same_gpu_count(gpu_counts)
+    nprocs = _nprocs(hosts, plan, gpu_counts, auto)
+    distinct = set(nprocs.values())
+    backend = _backend(job, gpu_counts)
+    problems += backend_available(usable, backend, gpu_counts, nprocs)
+    problems += duplicate_gpus(usable, backend)
+    interconnect = _interconnect(hosts, hostvars, job, facts)
+    if interconnect:
+        problems += [_problem(*p) for p in interconnect.pop("problems")]
+    rows = _rows(hosts, facts, interfaces, gpu_counts, nprocs)
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "nproc_per_node": distinct.pop() if len(distinct) == 1 else None,
+        "nprocs": nprocs,
+        "world_size": sum(nprocs.values()),
+        "interfaces": interfaces,
+        "backend": backend,
+        "interconnect": interconnect,
+        "table": render(rows, problems, interconnect),
+    }
+
+
+def answered(hosts, hostvars):
+    """({host: its facts} of the nodes whose node_facts ran, problems of the others)."""
+    facts, problems = {}, []
     for host in hosts:
         result = hostvars.get(host, {}).get("torchherd_facts") or {}
         if result.get("unreachable") and "Host key verification failed" in str(result.get("msg")):
@@ -186,84 +238,134 @@ def gate(hosts, hostvars, plan, match=None):
                                      "(ansible_python_interpreter)"))
         else:
             facts[host] = result
+    return facts, problems
 
-    for host, f in facts.items():
-        py, torch = f["python"], f["torch"]
-        slow = "took more than" in (torch.get("error") or "")
-        if slow:
-            # The probe ran out of time: the interpreter is there, it says nothing of its version.
-            problems.append(_problem(host, "torch", f"torch importable by {py.get('path')} "
-                                     "within the facts' probe timeout", torch["error"],
-                                     "the node was too busy or its file system too slow: try "
-                                     "again, or launch with fewer forks (fewer nodes import "
-                                     "torch at once where they share a machine or a file "
-                                     "system); the answer is cached once it came"))
-        elif py.get("error") or not py.get("version"):
-            problems.append(_problem(host, "python", f"{py.get('path')} runs",
-                                     py.get("error") or "no version",
-                                     "set torchherd_job.python to an interpreter that exists "
-                                     "on every node"))
-        elif torch.get("error") or not torch.get("version"):
-            problems.append(_problem(host, "torch", f"torch importable by {py.get('path')}",
-                                     torch.get("error"),
-                                     f"install torch for {py.get('path')} (pip install torch), "
-                                     f"or set torchherd_job.python to the venv that has it"))
-        if not f.get("rsync"):
-            problems.append(_problem(host, "rsync", "rsync on the node", "not found",
-                                     "install rsync on the node (apt-get install rsync)"))
-        if job.get("hang_timeout") and not f.get("py_spy"):
-            problems.append(_problem(
-                host, "py-spy", f"py-spy next to {py.get('path')} or on PATH, to read every "
-                f"rank's stack once the job hangs (hang_timeout {job['hang_timeout']} s)",
-                "not found", f"{py.get('path')} -m pip install py-spy on the node (a static "
-                "binary, no build), or leave hang_timeout at 0"))
-        if f.get("disk_free_bytes", MIN_FREE_BYTES) < MIN_FREE_BYTES:
-            problems.append(_problem(host, "disk", f">= {_fmt_bytes(MIN_FREE_BYTES)} free at "
-                                     f"{f.get('root')}", _fmt_bytes(f["disk_free_bytes"]),
-                                     "free space or point torchherd_root elsewhere"))
-        run_dir_suffix = f"/runs/{plan['run_id']}"
-        for run_dir, pids in (f.get("running_jobs") or {}).items():
-            if run_dir.endswith(run_dir_suffix):
-                problems.append(_problem(host, "run id", f"run {plan['run_id']} not running",
-                                         f"running as pids {pids}",
-                                         "a run id starts once: stop it (playbooks/stop.yml) "
-                                         "or launch with another run id"))
 
-    usable = {h: f for h, f in facts.items() if f["torch"].get("version")}
-    launcher = job.get("launcher", "torchrun")
-    if launcher != "torchrun":
-        for host, f in usable.items():
-            if not (f["torch"].get("launchers") or {}).get(launcher):
-                py = f["python"].get("path")
-                problems.append(_problem(host, launcher, f"{launcher} installed for {py} "
-                                         f"(launcher {launcher})", "not installed",
-                                         f"pip install {launcher} with {py} (the job's Python), "
-                                         f"or set torchherd_job.python to the venv that has it"))
-        match = match + [f"torch.launchers.{launcher}"]
+def interpreter(host, f, plan):
+    """The job's interpreter runs and imports torch."""
+    py, torch = f["python"], f["torch"]
+    if "took more than" in (torch.get("error") or ""):
+        # The probe ran out of time: the interpreter is there, it says nothing of its version.
+        return [_problem(host, "torch", f"torch importable by {py.get('path')} "
+                         "within the facts' probe timeout", torch["error"],
+                         "the node was too busy or its file system too slow: try "
+                         "again, or launch with fewer forks (fewer nodes import "
+                         "torch at once where they share a machine or a file "
+                         "system); the answer is cached once it came")]
+    if py.get("error") or not py.get("version"):
+        return [_problem(host, "python", f"{py.get('path')} runs",
+                         py.get("error") or "no version",
+                         "set torchherd_job.python to an interpreter that exists "
+                         "on every node")]
+    if torch.get("error") or not torch.get("version"):
+        return [_problem(host, "torch", f"torch importable by {py.get('path')}",
+                         torch.get("error"),
+                         f"install torch for {py.get('path')} (pip install torch), "
+                         f"or set torchherd_job.python to the venv that has it")]
+    return []
+
+
+def rsync(host, f, plan):
+    if f.get("rsync"):
+        return []
+    return [_problem(host, "rsync", "rsync on the node", "not found",
+                     "install rsync on the node (apt-get install rsync)")]
+
+
+def py_spy(host, f, plan):
+    """The hang watch reads the ranks' stacks with py-spy."""
+    hang_timeout = plan["job"].get("hang_timeout")
+    if not hang_timeout or f.get("py_spy"):
+        return []
+    py = f["python"].get("path")
+    return [_problem(
+        host, "py-spy", f"py-spy next to {py} or on PATH, to read every "
+        f"rank's stack once the job hangs (hang_timeout {hang_timeout} s)",
+        "not found", f"{py} -m pip install py-spy on the node (a static "
+        "binary, no build), or leave hang_timeout at 0")]
+
+
+def disk(host, f, plan):
+    if f.get("disk_free_bytes", MIN_FREE_BYTES) >= MIN_FREE_BYTES:
+        return []
+    return [_problem(host, "disk", f">= {_fmt_bytes(MIN_FREE_BYTES)} free at {f.get('root')}",
+                     _fmt_bytes(f["disk_free_bytes"]),
+                     "free space or point torchherd_root elsewhere")]
+
+
+def run_id_free(host, f, plan):
+    """No run of this run id is alive on the node."""
+    suffix = f"/runs/{plan['run_id']}"
+    return [_problem(host, "run id", f"run {plan['run_id']} not running",
+                     f"running as pids {pids}",
+                     "a run id starts once: stop it (playbooks/stop.yml) "
+                     "or launch with another run id")
+            for run_dir, pids in (f.get("running_jobs") or {}).items()
+            if run_dir.endswith(suffix)]
+
+
+# The checks of one node's own facts, in the order their problems are listed.
+NODE_CHECKS = (interpreter, rsync, py_spy, disk, run_id_free)
+
+
+def launcher_installed(usable, launcher):
+    """The job's launcher is installed for the job's interpreter (torchrun comes with torch)."""
+    if not launcher.DISTRIBUTION:
+        return []
+    name = launcher.NAME
+    problems = []
+    for host, f in usable.items():
+        if not (f["torch"].get("launchers") or {}).get(name):
+            py = f["python"].get("path")
+            problems.append(_problem(host, name, f"{name} installed for {py} (launcher {name})",
+                                     "not installed",
+                                     f"pip install {launcher.DISTRIBUTION} with {py} (the job's "
+                                     f"Python), or set torchherd_job.python to the venv that "
+                                     f"has it"))
+    return problems
+
+
+def _match_keys(match, launcher):
+    """The keys compared across nodes: the given ones, and the job's launcher's version."""
+    keys = DEFAULT_MATCH if match is None else list(match)
+    return keys + [_launcher_key(launcher.NAME)] if launcher.DISTRIBUTION else keys
+
+
+def versions_match(usable, master, keys):
+    """Every key equal on every node to the master's (the first usable node's without it)."""
     reference_host = master if master in usable else next(iter(usable), None)
-    if reference_host:
-        ref = usable[reference_host]
-        for key in match:
-            for host, f in usable.items():
-                if key.startswith("torch.launchers.") and None in (_get(f, key), _get(ref, key)):
-                    continue  # a missing launcher is its own problem, above
-                if host != reference_host and _get(f, key) != _get(ref, key):
-                    problems.append(_problem(host, f"same {key}",
-                                             f"{_get(ref, key)} (as on {reference_host})",
-                                             _get(f, key), FIXES.get(key, "make the nodes equal")))
+    if not reference_host:
+        return []
+    ref = usable[reference_host]
+    problems = []
+    for key in keys:
+        for host, f in usable.items():
+            if key.startswith("torch.launchers.") and None in (_get(f, key), _get(ref, key)):
+                continue  # a missing launcher is its own problem (launcher_installed)
+            if host != reference_host and _get(f, key) != _get(ref, key):
+                problems.append(_problem(host, f"same {key}",
+                                         f"{_get(ref, key)} (as on {reference_host})",
+                                         _get(f, key), FIXES.get(key, "make the nodes equal")))
+    return problems
 
+
+def _probe(hostvars, host):
+    """The probe alone (verify), or the start barrier's own probe (launch)."""
+    return (hostvars.get(host, {}).get("torchherd_probe")
+            or (hostvars.get(host, {}).get("torchherd_start") or {}).get("probe") or {})
+
+
+def reachable(facts, hostvars, plan):
+    """Every node reaches the master's port, and the master reaches every node back."""
+    master = plan["master"]["host"]
     addr, port = plan["master"]["addr"], plan["master"]["port"]
+    problems = []
     for host in facts:
-        # The probe alone (verify), or the start barrier's own probe (launch).
-        probe = (hostvars.get(host, {}).get("torchherd_probe")
-                 or (hostvars.get(host, {}).get("torchherd_start") or {}).get("probe") or {})
+        probe = _probe(hostvars, host)
         iface = (facts[host].get("interface") or {})
-        master_probe = (hostvars.get(master, {}).get("torchherd_probe")
-                        or (hostvars.get(master, {}).get("torchherd_start") or {}).get("probe")
-                        or {})
         if probe.get("reachable") and probe.get("back_error"):
             address = probe.get("address") or "?"
-            seen = (master_probe.get("back_failed") or {}).get(address)
+            seen = (_probe(hostvars, master).get("back_failed") or {}).get(address)
             on = f" (its interface {iface['name']})" if iface.get("name") else ""
             problems.append(_problem(
                 f"{master} -> {host}", "reachable from the master",
@@ -291,8 +393,13 @@ def gate(hosts, hostvars, plan, match=None):
                f"({'named by you' if iface.get('how') == 'explicit' else 'its route to ' + addr}):"
                f" name one that reaches the master with torchherd_socket_ifname or "
                f"socket_ifname" if via else "")))
+    return problems
 
-    interfaces = {}
+
+def chosen_interfaces(facts, plan):
+    """({host: the interface its job traffic uses}, problems of the nodes without one)."""
+    addr = plan["master"]["addr"]
+    interfaces, problems = {}, []
     for host, f in facts.items():
         iface = f.get("interface") or {}
         if iface.get("error"):
@@ -308,12 +415,14 @@ def gate(hosts, hostvars, plan, match=None):
                 f"the master's torchherd_address to an address every node reaches"))
         elif iface.get("name"):
             interfaces[host] = {k: iface.get(k) for k in ("name", "address", "how")}
+    return interfaces, problems
 
-    # Where the user could not change a node's firewall (no root, no sudo) and a path did not
-    # open, the rules that node lacks, for whoever may add them.
-    blocked = any(p["check"] in ("master reachable", "reachable from the master")
-                  for p in problems)
-    for host in hosts if blocked else ():
+
+def firewall_without_root(hosts, hostvars, plan):
+    """Where a path did not open and the user could not change a node's firewall (no root, no
+    sudo), the rules that node lacks, for whoever may add them."""
+    problems = []
+    for host in hosts:
         firewall = hostvars.get(host, {}).get("torchherd_firewall") or {}
         if not (isinstance(firewall, dict) and firewall.get("no_privilege")):
             continue
@@ -331,39 +440,58 @@ def gate(hosts, hostvars, plan, match=None):
             f"ask an administrator to let the job's nodes in (e.g. nft insert rule inet filter "
             f"input ip saddr {{ {peers.replace(' ', ', ')} }}{dport} accept), give the user "
             f"passwordless sudo there (become), or launch as a user who may"))
+    return problems
 
-    if master in facts and facts[master].get("port_free") is False:
-        problems.append(_problem(master, "master port",
-                                 f"port {plan['master']['port']} free on the master",
-                                 "in use by another process",
-                                 "stop what listens there (ss -ltnp sport = :PORT) or set "
-                                 "torchherd_job.master_port to a free port"))
 
-    gpu_counts = {h: int(f["torch"].get("gpu_count") or 0) for h, f in usable.items()}
-    wanted = {n["host"]: n.get("nproc_per_node", plan["nproc_per_node"])
-              for n in plan.get("nodes") or []}
-    if plan["nproc_per_node"] == "auto" and not any(
-            hostvars.get(h, {}).get("torchherd_nproc_per_node") is not None for h in hosts):
-        # The job's auto on every node: a node with fewer GPUs than the others is more often
-        # a broken GPU than a plan; nodes that differ on purpose set their own counts.
+def master_port(facts, plan):
+    master = plan["master"]["host"]
+    if master not in facts or facts[master].get("port_free") is not False:
+        return []
+    return [_problem(master, "master port", f"port {plan['master']['port']} free on the master",
+                     "in use by another process",
+                     "stop what listens there (ss -ltnp sport = :PORT) or set "
+                     "torchherd_job.master_port to a free port")]
+
+
+def same_gpu_count(gpu_counts):
+    """With the job's auto on every node, every node has the same GPU count."""
+    if len(set(gpu_counts.values())) <= 1:
+        return []
+    return [_problem(host, "gpu count", "the same GPU count on every node "
+                     "(nproc_per_node auto)", count,
+                     "set nproc_per_node to a number every node has, give "
+                     "nodes that differ their own torchherd_nproc_per_node, "
+                     "or fix CUDA_VISIBLE_DEVICES")
+            for host, count in gpu_counts.items()]
+
+
+def _nprocs(hosts, plan, gpu_counts, auto):
+    """{host: its processes}: its own count or the job's, auto resolved to its GPU count (1
+    without GPUs); with the job's auto on every node, the smallest GPU count everywhere."""
+    if auto:
         counts = set(gpu_counts.values())
-        if len(counts) > 1:
-            for host, count in gpu_counts.items():
-                problems.append(_problem(host, "gpu count", "the same GPU count on every node "
-                                         "(nproc_per_node auto)", count,
-                                         "set nproc_per_node to a number every node has, give "
-                                         "nodes that differ their own torchherd_nproc_per_node, "
-                                         "or fix CUDA_VISIBLE_DEVICES"))
         wanted = dict.fromkeys(hosts, max(min(counts) if counts else 0, 1))
+    else:
+        wanted = {n["host"]: n.get("nproc_per_node", plan["nproc_per_node"])
+                  for n in plan.get("nodes") or []}
     nprocs = {}
     for host in hosts:
         count = wanted.get(host, plan["nproc_per_node"])
         nprocs[host] = max(gpu_counts.get(host, 0), 1) if count == "auto" else int(count or 1)
-    distinct = set(nprocs.values())
-    nproc = distinct.pop() if len(distinct) == 1 else None
+    return nprocs
+
+
+def _backend(job, gpu_counts):
+    """The job's backend, auto resolved: nccl where every node has a GPU, gloo otherwise."""
     backend = job.get("backend", "auto")
-    if backend == "auto":
-        backend = "nccl" if gpu_counts and min(gpu_counts.values()) > 0 else "gloo"
+    if backend != "auto":
+        return backend
+    return "nccl" if gpu_counts and min(gpu_counts.values()) > 0 else "gloo"
+
+
+def backend_available(usable, backend, gpu_counts, nprocs):
+    """torch has the backend, and with nccl every process has a GPU."""
+    problems = []
     for host, f in usable.items():
         t = f["torch"]
         if backend == "nccl":
@@ -381,8 +509,13 @@ def gate(hosts, hostvars, plan, match=None):
         elif not t.get("gloo_available"):
             problems.append(_problem(host, "gloo", "torch with gloo", "gloo not available",
                                      "install a torch build with distributed support"))
+    return problems
 
-    # Two "nodes" on one machine sharing GPUs is NCCL's "Duplicate GPU detected".
+
+def duplicate_gpus(usable, backend):
+    """Two "nodes" on one machine sharing GPUs is NCCL's "Duplicate GPU detected"."""
+    if backend != "nccl":
+        return []
     owners = {}
     for host, f in usable.items():
         for gpu in f["torch"].get("gpus") or []:
@@ -391,17 +524,15 @@ def gate(hosts, hostvars, plan, match=None):
             key = (uuid if str(uuid).startswith("GPU-") else f"GPU-{uuid}") if uuid \
                 else f"{f.get('hostname')} GPU {gpu.get('index')}"
             owners.setdefault(key, []).append(host)
-    for key, hosts_sharing in owners.items():
-        if len(hosts_sharing) > 1 and backend == "nccl":
-            problems.append(_problem(", ".join(hosts_sharing), "duplicate gpu",
-                                     "each node its own GPUs", f"{key} seen by all of them",
-                                     "list one inventory entry per machine, or give each entry "
-                                     "its own GPUs with CUDA_VISIBLE_DEVICES"))
+    return [_problem(", ".join(sharing), "duplicate gpu", "each node its own GPUs",
+                     f"{key} seen by all of them",
+                     "list one inventory entry per machine, or give each entry "
+                     "its own GPUs with CUDA_VISIBLE_DEVICES")
+            for key, sharing in owners.items() if len(sharing) > 1]
 
-    interconnect = _interconnect(hosts, hostvars, job, facts)
-    if interconnect:
-        problems += [_problem(*p) for p in interconnect.pop("problems")]
 
+def _rows(hosts, facts, interfaces, gpu_counts, nprocs):
+    """The table's rows, one per host."""
     rows = []
     for host in hosts:
         f = facts.get(host)
@@ -414,17 +545,7 @@ def gate(hosts, hostvars, plan, match=None):
                          f"{iface['name']} {iface['address']}" if iface else "-"])
         else:
             rows.append([host, "-", "-", "-", "-", "-", "-", str(nprocs[host]), "-"])
-    return {
-        "ok": not problems,
-        "problems": problems,
-        "nproc_per_node": nproc,
-        "nprocs": nprocs,
-        "world_size": sum(nprocs.values()),
-        "interfaces": interfaces,
-        "backend": backend,
-        "interconnect": interconnect,
-        "table": render(rows, problems, interconnect),
-    }
+    return rows
 
 
 def _interconnect(hosts, hostvars, job, facts):

@@ -167,6 +167,7 @@ from ansible.module_utils.common.validation import check_type_list
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 
 SPEC_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -175,21 +176,6 @@ SPEC_PATH = os.path.join(
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NNODES = re.compile(r"^(\d+):(\d+)$")
 DEFAULT_ROOT = "~/.torchherd"
-
-
-# The launchers' options that torchherd sets from the plan on each node (see _supervisor.py).
-PLANNED_OPTIONS = {
-    "torchrun": {"--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
-                 "--master-addr", "--master_addr", "--master-port", "--master_port",
-                 "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
-                 "--rdzv-id", "--rdzv_id", "--log-dir", "--log_dir", "--redirects", "--tee",
-                 "--max-restarts", "--max_restarts", "--standalone"},
-    "accelerate": {"--num_machines", "--num_processes", "--machine_rank", "--main_process_ip",
-                   "--main_process_port", "--multi_gpu", "--cpu", "--same_network",
-                   "--rdzv_backend", "--log_dir", "--tee", "-t", "--max_restarts"},
-    "deepspeed": {"--world_info", "--node_rank", "--master_addr", "--master_port",
-                  "--nnodes", "--nproc_per_node"},
-}
 
 
 def job_spec():
@@ -375,21 +361,12 @@ def plan(job, groups, hostvars, run_id=""):
                             f"{', '.join(outside)} outside one; fix: use that inventory, or "
                             f"spawn ssh")
 
-    launcher = merged["launcher"]
-    if launcher != "torchrun" and merged["rdzv"] != "static":
-        problems.append(f"job.rdzv: expected static with launcher {launcher} (elastic "
-                        f"rendezvous is torchrun's), found {merged['rdzv']!r}; fix: rdzv static, "
-                        f"or launcher torchrun")
-    counts = {n for n in nprocs.values() if n is not None}
-    if launcher == "accelerate" and len(counts) > 1:
-        problems.append(f"torchherd_nproc_per_node: expected the same count on every node with "
-                        f"launcher accelerate (it gives every machine num_processes / "
-                        f"num_machines), found {', '.join(f'{n}={c}' for n, c in nprocs.items())};"
-                        f" fix: the same count everywhere, or launcher torchrun or deepspeed")
+    launcher = LAUNCHERS[merged["launcher"]]
+    problems += launcher.constraints(merged, nprocs)
     for arg in merged["launcher_args"]:
         option = str(arg).split("=", 1)[0]
-        if option in PLANNED_OPTIONS[launcher]:
-            problems.append(f"job.launcher_args: expected options of {launcher} that the plan "
+        if option in launcher.PLANNED_OPTIONS:
+            problems.append(f"job.launcher_args: expected options of {launcher.NAME} that the plan "
                             f"does not set, found {option}; fix: leave it out (torchherd sets it "
                             f"from the inventory and the job: node rank, node count, master "
                             f"address and port, processes per node, logs)")

@@ -1,0 +1,76 @@
+"""The launcher registry: every launcher holds the whole interface, and the lists of launcher
+names kept elsewhere (YAML choices) stay equal to it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import (
+    LAUNCHERS,
+    distributions,
+)
+from ansible_collections.torchherd.cluster.plugins.modules import node_facts, torchrun_job
+
+STATIC = {"rdzv": "static"}
+
+
+def test_the_plan_roles_choices_are_the_registrys_names_in_its_order():
+    job = job_spec()["torchherd_job"]["options"]
+    assert job["launcher"]["choices"] == list(LAUNCHERS)
+    assert job["launcher"]["default"] == "torchrun"
+
+
+def test_the_torchrun_job_modules_choices_are_the_registrys_names():
+    options = yaml.safe_load(torchrun_job.DOCUMENTATION)["options"]
+    assert options["launcher"]["choices"] == list(LAUNCHERS)
+
+
+@pytest.mark.parametrize("name", list(LAUNCHERS))
+def test_every_launcher_holds_the_whole_interface(name):
+    launcher = LAUNCHERS[name]
+    assert name == launcher.NAME
+    # A distribution of its own comes with the fix for nodes that have other versions of it.
+    assert (launcher.DISTRIBUTION is None) == (launcher.FIX is None)
+    assert launcher.PLANNED_OPTIONS and all(o.startswith("-") for o in launcher.PLANNED_OPTIONS)
+    assert all(callable(getattr(launcher, f)) for f in ("argv", "env", "constraints"))
+
+
+def test_distributions_leave_out_torchrun_which_comes_with_torch():
+    assert distributions() == {"accelerate": "accelerate", "deepspeed": "deepspeed"}
+
+
+def test_only_torchrun_takes_an_elastic_rendezvous():
+    assert LAUNCHERS["torchrun"].constraints({"rdzv": "c10d"}, {"a": 1}) == []
+    for name in ("accelerate", "deepspeed"):
+        assert LAUNCHERS[name].constraints(STATIC, {"a": 1}) == []
+        problem, = LAUNCHERS[name].constraints({"rdzv": "c10d"}, {"a": 1})
+        assert problem.startswith(f"job.rdzv: expected static with launcher {name}")
+
+
+def test_accelerate_alone_needs_one_process_count_on_every_node():
+    counts = {"a": 1, "b": 2, "c": None}  # None: an invalid count, the plan's own problem
+    problem, = LAUNCHERS["accelerate"].constraints(STATIC, counts)
+    assert "found a=1, b=2, c=None;" in problem
+    assert LAUNCHERS["accelerate"].constraints(STATIC, {"a": 2, "b": 2, "c": None}) == []
+    assert LAUNCHERS["deepspeed"].constraints(STATIC, counts) == []
+    assert LAUNCHERS["torchrun"].constraints(STATIC, counts) == []
+
+
+def test_only_accelerate_needs_an_environment_of_its_own_and_only_on_cpu():
+    assert LAUNCHERS["accelerate"].env({"use_cpu": True}) == {"ACCELERATE_USE_CPU": "1"}
+    assert LAUNCHERS["accelerate"].env({"use_cpu": False}) == {}
+    assert all(LAUNCHERS[n].env({"use_cpu": True}) == {} for n in ("torchrun", "deepspeed"))
+
+
+def test_node_facts_reads_the_version_of_every_launchers_distribution():
+    """The code that runs in the job's interpreter reads the registry's distributions by their
+    launcher's name; a distribution that is installed gives its version."""
+    scope = {}
+    exec(compile(node_facts.LAUNCHER_VERSIONS, "<launcher_versions>", "exec"), scope)
+    assert set(scope["launcher_versions"]()) == set(distributions())
+    scope["DISTRIBUTIONS"] = {"somelauncher": "pytest"}
+    assert scope["launcher_versions"]() == {"somelauncher": pytest.__version__}
+    assert node_facts.TORCH_PROBE.startswith(node_facts.LAUNCHER_VERSIONS)
+    assert node_facts.FINGERPRINT.startswith(node_facts.LAUNCHER_VERSIONS)
