@@ -407,14 +407,15 @@ def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_
             assert result.ok, result.reason
             assert [h["state"] for h in result.hosts.values()] == ["succeeded"] * len(backends)
         assert sorted(steps.opened) == hosts and all(f["rules"] for f in steps.opened.values())
-        # Each node's supervisor removed its rules as its job ended (firewall.json, collected);
-        # the watch waited on the master alone, whose wait reports that same removal.
-        removed = {host: json.loads((Path(result.run_dir) / "nodes" / host / "firewall.json")
-                                    .read_text()) for host in hosts}
-        assert all("error" not in f and f["rules"] == [] and f["changed"]
-                   for f in removed.values()), removed
+        # Each node's supervisor removed its rules as its job ended (its run-state record,
+        # collected); the watch waited on the master alone, whose wait found them removed.
+        records = {host: json.loads((Path(result.run_dir) / "nodes" / host / "run.json")
+                                    .read_text())["firewall"] for host in hosts}
+        assert all(f["opened_by"] == "start" and f["rules"] and f["closed_by"] == "supervisor"
+                   and f["error"] is None and f["changed"] for f in records.values()), records
         assert list(steps.closed) == [cluster.nodes[0].name], steps.closed
-        assert steps.closed[cluster.nodes[0].name]["rules"] == []
+        assert steps.closed[cluster.nodes[0].name] == {"changed": False,
+                                                       "closed_by": "supervisor"}
         assert steps.role_tasks == []
         for node in cluster.nodes:
             assert leftovers(cluster, node) == [], node.name

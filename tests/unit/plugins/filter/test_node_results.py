@@ -33,7 +33,8 @@ def test_a_node_the_masters_gang_lost_while_its_job_ran_is_unreachable():
     """The watch waited on the master alone; the gang lost n2 (its link closed without an
     exit), so the launch did not collect it: lost, not running."""
     master = watched(100.0, 100.0, 100.0, state="stopped")
-    master["torchherd_watch"]["gang_lost"] = ["n2"]
+    master["torchherd_watch"]["record"] = {"seq": 9, "gang": {"joined": 2, "expected": 2,
+                                                             "lost": ["n2"]}}
     started = {"torchherd_node": {"node_rank": 1},
                "torchherd_start": {"job_state": "running", "started_at": 90.0}}
     results = node_results(["n0", "n1", "n2"], {"n0": master, "n1": started, "n2": started})

@@ -21,6 +21,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     run_paths,
     supervisor_alive,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
     StartError,
@@ -234,8 +235,10 @@ def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, 
     spawn(params(), paths, python("raise SystemExit(0)"), {}, close=rules)
     assert ended(paths)["exit_code"] == 0
     assert json.loads(seen.read_text()) == ["r1", rules, False]
-    with open(paths["firewall"], encoding="utf-8") as handle:
-        assert json.load(handle) == {"changed": True, "rules": [], "backends": ["nftables"]}
+    fw = read_record(paths)["firewall"]
+    assert (fw["closed_by"], fw["changed"], fw["error"]) == ("supervisor", True, None)
+    # The record says the job's end, too (the same moment as the exit code).
+    assert read_record(paths)["job"]["exit_code"] == 0
 
     def broken(runner, run_id, options):
         raise RuntimeError("no nft here")
@@ -244,8 +247,8 @@ def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, 
     paths = run_paths(str(tmp_path), "r2")
     spawn(params(run_id="r2"), paths, python("raise SystemExit(4)"), {}, close=rules)
     assert ended(paths)["exit_code"] == 4
-    with open(paths["firewall"], encoding="utf-8") as handle:
-        assert json.load(handle) == {"changed": False, "error": "RuntimeError: no nft here"}
+    fw = read_record(paths)["firewall"]
+    assert (fw["closed_by"], fw["error"]) == ("supervisor", "RuntimeError: no nft here")
     assert "could not be removed here: RuntimeError: no nft here" in log_text(paths)
 
 
@@ -350,7 +353,8 @@ def test_in_the_background_the_nodes_meet_and_one_failure_stops_the_others(tmp_p
     assert stopped["state"] == "stopped", stopped
     assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
     for paths in (master, node):
-        assert json.loads(Path(paths["dir"], "barrier.json").read_text())["go"]
+        seen = read_record(paths)["barrier"]
+        assert seen["go"] and seen["where"] == "supervisors"
         assert not job_pids(paths["dir"])
 
 
@@ -400,14 +404,13 @@ def test_after_a_barrier_in_the_start_call_the_supervisors_form_the_gang(tmp_pat
           python("import sys, time; time.sleep(1); sys.exit(3)"), {}, gang={"port": port})
     assert (ended(node)["state"], ended(node)["exit_code"]) == ("failed", 3)
     stopped = ended(master, 10)
-    # Every other node joined: the master's gang spoke for them all, and lost none (gang.json,
+    # Every other node joined: the master's gang spoke for them all, and lost none (its record,
     # final once the master's supervisor is gone, which the wait waits for).
     deadline = time.monotonic() + 10
     while supervisor_alive(master) and time.monotonic() < deadline:
         time.sleep(0.05)
-    with open(master["gang"], encoding="utf-8") as handle:
-        assert json.load(handle) == {"joined": 1, "expected": 1, "lost": []}
-    assert not os.path.exists(node["gang"])
+    assert read_record(master)["gang"] == {"joined": 1, "expected": 1, "lost": []}
+    assert read_record(node)["gang"] == {}
     assert stopped["state"] == "stopped", stopped
     assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
     for paths in (master, node):

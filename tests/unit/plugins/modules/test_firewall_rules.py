@@ -3,13 +3,17 @@ fail_json, its message and its details; at the end of torchrun_job's wait it is 
 never the job's failure. (The firewall code itself is tested under
 tests/unit/plugins/module_utils/firewall.)"""
 
-import json
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.torchherd.cluster.plugins.module_utils import _firewall as fw
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    read_record,
+    rules_open,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.modules import firewall_rules, torchrun_job
 
 FAILED = "nft -j list ruleset failed (exit code 1): Error: Operation not permitted"
@@ -70,16 +74,19 @@ def test_rules_that_torchrun_job_cannot_remove_are_reported_not_failed(module, m
     with patch_module_args({}):
         job = AnsibleModule(argument_spec={})
     firewall = dict(peers=["10.0.0.2"], mode="members", ports=[], backend="auto", persistent=False)
-    paths = {"firewall": str(tmp_path / "firewall.json")}
+    paths = {"dir": str(tmp_path)}
     closed = torchrun_job.close_firewall(job, {"run_id": "run-1", "firewall": firewall}, paths)
     assert closed == {"changed": False, "error": FAILED}
     assert warnings == [f"the rules of run run-1 could not be removed here: {FAILED}"]
+    # The record keeps the wait's try and its error: the teardown still visits this node.
+    fw = read_record(paths)["firewall"]
+    assert fw["closed_by"] == "wait" and fw["error"] == FAILED
 
 
 def test_the_wait_takes_the_supervisors_removal_and_tries_again_after_its_error(
         module, monkeypatch, tmp_path):
-    """The supervisor removes the start's rules when the job ends (firewall.json); the wait
-    runs no firewall command then, and removes them itself where the supervisor could not."""
+    """The supervisor removes the start's rules when the job ends (the run-state record); the
+    wait runs no firewall command then, and removes them itself where the supervisor could not."""
     commands = []
     monkeypatch.setattr(AnsibleModule, "run_command", lambda _self, argv, **kwargs: (
         commands.append(argv) or (1, "", "Error: Operation not permitted\n")))
@@ -87,13 +94,16 @@ def test_the_wait_takes_the_supervisors_removal_and_tries_again_after_its_error(
     with patch_module_args({}):
         job = AnsibleModule(argument_spec={})
     firewall = dict(peers=["10.0.0.2"], mode="members", ports=[], backend="auto", persistent=False)
-    paths = {"firewall": str(tmp_path / "firewall.json")}
-    done = {"changed": True, "backends": ["nftables"], "rules": [], "peers": []}
-    (tmp_path / "firewall.json").write_text(json.dumps(done))
+    paths = {"dir": str(tmp_path)}
+    record(paths, "firewall", opened_by="start", rules=["nft: accept from 10.0.0.2"])
+    record(paths, "firewall", closed_by="supervisor", changed=True, error=None)
     p = {"run_id": "run-1", "firewall": firewall}
-    assert torchrun_job.close_firewall(job, p, paths) == done
+    assert torchrun_job.close_firewall(job, p, paths) == {"changed": False,
+                                                          "closed_by": "supervisor"}
     assert commands == []
-    (tmp_path / "firewall.json").write_text(json.dumps({"changed": False, "error": "nft: gone"}))
+    assert rules_open(read_record(paths)) == []
+    record(paths, "firewall", closed_by="supervisor", changed=False, error="nft: gone")
+    assert rules_open(read_record(paths)) == ["nft: accept from 10.0.0.2"]
     closed = torchrun_job.close_firewall(job, p, paths)
     assert closed == {"changed": False, "error": FAILED}
     assert commands == [["/usr/sbin/nft", "-j", "list", "ruleset"]]

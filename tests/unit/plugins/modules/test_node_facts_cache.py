@@ -92,3 +92,21 @@ def test_the_fingerprint_in_process_is_the_one_of_a_subprocess(tmp_path):
     assert here["interpreter"][2] == there["interpreter"][2]  # torch's spec origin
     # A python that is not there cannot be fingerprinted, so the probe runs uncached.
     assert node_facts.fingerprint(str(tmp_path / "missing"), 30) is None
+
+
+def test_a_node_with_an_nvidia_driver_hits_the_cache(tmp_path, probes, monkeypatch):
+    # The driver's files as on a GPU machine: the fingerprint then holds the GPUs, and read
+    # back from the cache (JSON) it must still equal a fresh one.
+    driver = tmp_path / "driver"
+    (driver / "gpus" / "0000:18:00.0").mkdir(parents=True)
+    (driver / "gpus" / "0000:18:00.0" / "information").write_text("Model: NVIDIA H100 80GB HBM3\n")
+    (driver / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module 580.95.05\n")
+    monkeypatch.setattr(node_facts, "NVIDIA_PROC", str(driver))
+    root = tmp_path / "root"
+    _, first = node_facts.cached_probe(sys.executable, 30, str(root), 3600)
+    _, second = node_facts.cached_probe(sys.executable, 30, str(root), 3600)
+    assert (first["cached"], second["cached"]) == (False, True)
+    assert len(probes) == 1
+    # A GPU more (or other) is another machine as far as the probe is concerned.
+    (driver / "gpus" / "0000:2a:00.0").mkdir()
+    assert node_facts.cached_probe(sys.executable, 30, str(root), 3600)[1]["cached"] is False

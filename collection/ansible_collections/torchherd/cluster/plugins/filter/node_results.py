@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from ansible_collections.torchherd.cluster.plugins.filter.run_state import run_state
+
 DOCUMENTATION = r"""
 name: node_results
 author: torchherd developers
@@ -13,8 +15,8 @@ description:
   - Reads C(torchherd_node) (its node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
-  - A node the master's gang lost (C(gang_lost) of the watch's wait on the master) while its
-    job ran counts as unreachable (the launch did not try it again).
+  - A node lost while its job ran (C(lost) of C(torchherd.cluster.run_state): the master's gang
+    lost it) counts as unreachable (the launch did not try it again).
   - C(started_at) and C(ended_at) are on the controller's clock, C(clock_offset) seconds behind
     the node's (from the time the node answered and the time its answer came back, see the
     action of C(torchherd.cluster.torchrun_job)), so that nodes whose clocks disagree compare
@@ -65,20 +67,9 @@ def _shifted(at, offset):
     return at if at is None or offset is None else round(float(at) - offset, 3)
 
 
-def gang_lost(hosts, hostvars):
-    """The nodes the master's gang lost (their links closed without an exit), as the watch's
-    wait on the master reported them: the launch does not try them again."""
-    lost = []
-    for host in hosts:
-        for name in _plain(hostvars.get(host, {}).get("torchherd_watch")).get("gang_lost") or []:
-            if name not in lost:
-                lost.append(name)
-    return lost
-
-
 def node_results(hosts, hostvars):
     out = {}
-    lost = gang_lost(hosts, hostvars)
+    states = run_state(hosts, hostvars)
     for host in hosts:
         hv = hostvars.get(host, {})
         entry = {"node_rank": (hv.get("torchherd_node") or {}).get("node_rank"), "job_state": None,
@@ -111,10 +102,9 @@ def node_results(hosts, hostvars):
             and "count" in collect
         if collect.get("unreachable"):
             entry["unreachable"] = True
-        if host in lost and entry["job_state"] in (None, "running"):
+        if states[host]["lost"] and entry["job_state"] in (None, "running"):
             entry["unreachable"] = True
-            entry["error"] = entry["error"] or (
-                "its link to the master's gang closed without its launcher's end")
+            entry["error"] = entry["error"] or states[host]["lost_why"]
         sync = _plain(hv.get("torchherd_sync"))
         if sync.get("skipped"):  # the node had the code already
             entry["sync"] = {"files": 0, "bytes": 0}

@@ -38,10 +38,7 @@ def run_paths(root, run_id):
         "progress": os.path.join(run_dir, "progress"),
         # Written once the job was declared hung: every node's wait then returns.
         "hung": os.path.join(run_dir, "hung"),
-        # The master's gang once formed: how many of the other nodes joined it (_gang).
-        "gang": os.path.join(run_dir, "gang.json"),
-        # What the supervisor's removal of the start's firewall rules did, once its job ended.
-        "firewall": os.path.join(run_dir, "firewall.json"),
+        # (run.json, the run-state record of the job, barrier, gang and firewall: _runstate.)
         # NCCL's Flight Recorder dumps and the pipes that ask for them (see _stacks).
         "flight_recorder": os.path.join(run_dir, "flight_recorder"),
     }

@@ -7,10 +7,8 @@ Takes the torchrun_job module's parameters as they are (p)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import select
 import shutil
 import socket
 import subprocess
@@ -23,9 +21,9 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
     close_rules,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master, Member
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
-    LAUNCHER_GRACE,
     MARKER,
     load_json,
     proc_start_time,
@@ -34,8 +32,13 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     terminate,
     write_atomic,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import flight_recorder_env
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
+from ansible_collections.torchherd.cluster.plugins.module_utils._workers import (
+    WORKER_WATCH,
+    watch_workers,
+)
 
 
 class StartError(Exception):
@@ -65,54 +68,8 @@ def launcher_argv(p, paths):
     """The command line of this node's launcher: the wrapper (srun), the launcher with what the
     plan decided for this node, the user's launcher options, the script and its arguments."""
     python = p["python"] or sys.executable
-    argv = _LAUNCHERS[p["launcher"]](p, paths, python)
+    argv = LAUNCHERS[p["launcher"]].argv(p, paths, python)
     return list(p["wrapper"]) + argv + list(p["launcher_args"]) + [p["script"]] + list(p["args"])
-
-
-def _torchrun(p, paths, python):
-    argv = [python, "-m", "torch.distributed.run",
-            "--nnodes", p["nnodes"], "--nproc-per-node", str(p["nproc_per_node"]),
-            "--max-restarts", str(p["max_restarts"]),
-            # Per-rank stdout/stderr files plus a copy on torchrun's output, prefixed by rank.
-            "--log-dir", paths["torchrun_logs"], "--redirects", "3", "--tee", "3"]
-    if p["rdzv"] == "c10d":
-        argv += ["--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{p['master_addr']}:{p['master_port']}",
-                 "--rdzv-id", p["run_id"]]
-        if p["rdzv_conf"]:
-            argv += ["--rdzv-conf",
-                     ",".join(f"{k}={v}" for k, v in sorted(p["rdzv_conf"].items()))]
-    else:
-        argv += ["--node-rank", str(p["node_rank"]),
-                 "--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
-    return argv
-
-
-def _accelerate(p, paths, python):
-    # accelerate's multi-process launcher calls torch.distributed.run in its own process (GPU
-    # or, with ACCELERATE_USE_CPU=1 in job_env, CPU with gloo); --same_network gives it the
-    # static rendezvous with this node's rank. --num_processes counts every node's processes.
-    nnodes = int(p["nnodes"])
-    return [python, "-m", "accelerate.commands.launch", "--multi_gpu", "--same_network",
-            "--num_machines", str(nnodes), "--machine_rank", str(p["node_rank"]),
-            "--num_processes", str(nnodes * p["nproc_per_node"]),
-            "--main_process_ip", p["master_addr"], "--main_process_port", str(p["master_port"]),
-            "--max_restarts", str(p["max_restarts"]),
-            "--log_dir", paths["torchrun_logs"], "--tee", "3"]
-
-
-def _deepspeed(p, paths, python):
-    # The per-node launcher that DeepSpeed's own runner starts on each host over pdsh; the world
-    # is described as it would: every node in node-rank order with its local ranks.
-    counts = p["node_nprocs"] or [p["nproc_per_node"]] * int(p["nnodes"])
-    world = {f"node{i}": list(range(count)) for i, count in enumerate(counts)}
-    info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
-    return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
-            f"--node_rank={p['node_rank']}", f"--master_addr={p['master_addr']}",
-            f"--master_port={p['master_port']}"]
-
-
-_LAUNCHERS = {"torchrun": _torchrun, "accelerate": _accelerate, "deepspeed": _deepspeed}
 
 
 def job_env(p, run_dir, environ):
@@ -125,11 +82,7 @@ def job_env(p, run_dir, environ):
         # A fresh worker store per rendezvous round: see the module's rdzv option.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # What the launcher needs besides its command line, shown in env.json with the job's own.
-    launcher_env = {}
-    if p["launcher"] == "accelerate" and p["use_cpu"]:
-        # Without it accelerate's multi-process mode on a node without GPUs starts every
-        # process as a world of one, silently.
-        launcher_env["ACCELERATE_USE_CPU"] = "1"
+    launcher_env = dict(LAUNCHERS[p["launcher"]].env(p))
     if str(p["env"].get("TORCHHERD_BACKEND")) == "nccl":
         # Every rank keeps a record of its last collectives and dumps it when asked (stacks)
         # or when its watchdog times out: where a hung job's ranks were in NCCL.
@@ -153,7 +106,7 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
     `gang`: where the barrier ran in this call, the node's way into the gang, which the
     supervisor joins ({"sock": the master's listening socket} or {"port": the master's}).
     `close`: the firewall rule options of the rules this start opened, which the supervisor
-    removes once the job has ended here (firewall.json says what it removed)."""
+    removes once the job has ended here (the run-state record says what it removed)."""
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
     os.makedirs(paths["flight_recorder"], exist_ok=True)
     env, shown = job_env(p, paths["dir"], environ)
@@ -194,14 +147,15 @@ def _meeting(p):
             "run_id": p["run_id"], "listen": b["listen"], "expect": b["expect"],
             "timeout": b["timeout"], "window": b["window"], "source": b["source"] or None,
             "elastic": p["rdzv"] == "c10d",
-            # Without restarts and wrapper, a worker's error is the node's: see _watch_workers.
+            # Without restarts and wrapper, a worker's error is the node's: see _workers.
             "watch_workers": p["max_restarts"] == 0 and not p["wrapper"],
             "name": str(p["meta"].get("host") or socket.gethostname())}
 
 
 def _meet(m, paths, stop):
     """The start barrier, from the supervisor, then this node's place in the gang (_gang);
-    (gang, None) or (None, why the start was called off). barrier.json keeps what it saw."""
+    (gang, None) or (None, why the start was called off). The run-state record keeps what it
+    saw."""
     gang_sock = None
     if m["listen"]:
         gang_sock, error = bind(0)
@@ -210,7 +164,7 @@ def _meet(m, paths, stop):
     result = barrier(m["master_addr"], m["master_port"], m["run_id"], m["timeout"],
                      m["window"], listen=m["listen"], expect=m["expect"], source=m["source"],
                      gang=gang_sock)
-    write_atomic(os.path.join(paths["dir"], "barrier.json"), json.dumps(result))
+    record(paths, "barrier", where="supervisors", **barrier_seen(result))
     if not result["go"]:
         if gang_sock is not None:
             gang_sock.close()
@@ -222,16 +176,22 @@ def _meet(m, paths, stop):
     return _join(m, gang_sock, result["gang_port"], stop, paths), None
 
 
+def barrier_seen(result):
+    """What the run-state record keeps of a barrier's result (not the gang's port)."""
+    return {k: v for k, v in result.items() if k != "gang_port"}
+
+
 def gang_formed(paths, joined, expected, error=None, lost=None):
-    """On the master: how many of the other nodes joined its gang (gang.json), and, once its
-    job ended everywhere, the nodes it lost. The wait that watches the master alone for every
-    node (torchrun_job's gang option) needs all of them joined, and names the lost ones."""
+    """On the master: how many of the other nodes joined its gang, and, once its job ended
+    everywhere, the nodes it lost (the record's gang section). The wait that watches the master
+    alone for every node (torchrun_job's gang option) needs all of them joined, and names the
+    lost ones."""
     said = {"joined": joined, "expected": expected}
     if error:
         said["error"] = error
     if lost is not None:
         said["lost"] = lost
-    write_atomic(paths["gang"], json.dumps(said))
+    record(paths, "gang", **said)
 
 
 def _join(m, sock, port, stop, paths):
@@ -295,10 +255,10 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
         # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
-        if gang is not None and meeting.get("watch_workers") and _PIDFD_OPEN is not None:
-            threading.Thread(target=_watch_workers, daemon=True,
-                             args=(proc, paths, grace, gang, meeting["name"],
-                                   running)).start()
+        if gang is not None and meeting.get("watch_workers") and WORKER_WATCH:
+            threading.Thread(target=watch_workers, daemon=True,
+                             args=(proc, paths, grace, gang, meeting["name"], running,
+                                   _say)).start()
         try:
             code = proc.wait(timeout=timeout or None)
         except subprocess.TimeoutExpired:
@@ -322,6 +282,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
         meta = load_json(paths["meta"], {})
         meta["ended_at"] = time.time()
         write_atomic(paths["meta"], json.dumps(meta))
+        record(paths, "job", exit_code=code, ended_at=meta["ended_at"])
         write_atomic(paths["exit_code"], f"{code}\n")
         # The others hear of this end once it is on disk here; the master stays for theirs.
         if isinstance(gang, Master):
@@ -342,82 +303,8 @@ def _close_rules(close, paths):
         closed = {"changed": False, "error": f"{type(exc).__name__}: {exc}"}
     if "error" in closed:
         _say(f"the rules of run {close['run_id']} could not be removed here: {closed['error']}")
-    write_atomic(paths["firewall"], json.dumps(closed))
-
-
-# os.pidfd_open: Python 3.9 and later (the nodes' Python may be 3.8).
-_PIDFD_OPEN = getattr(os, "pidfd_open", None)
-
-
-def _watch_workers(proc, paths, grace, gang, name, running):
-    """The moment a worker of the launcher ends with an error, tell the gang (the other nodes
-    stop now, not once this launcher has handled the failure and ended), and end the launcher
-    if it has not ended LAUNCHER_GRACE s later. The kernel wakes this thread at the worker's
-    exit (a pidfd per worker); the exit code is the zombie's, read before the launcher reaps
-    it, which it does at its next look (torchrun: every 0.1 s). A worker the launcher reaped
-    first is left to the launcher's own exit. Workers are found once a second: the children
-    whose environment names their LOCAL_RANK (torchrun, accelerate and DeepSpeed set it); any
-    other child of the launcher is no rank."""
-    poller = select.poll()
-    watched = {}
-    while proc.poll() is None:
-        for pid in _children(proc.pid):
-            if pid in watched.values() or not _is_rank(pid):
-                continue
-            try:
-                fd = _PIDFD_OPEN(pid)
-            except OSError:
-                continue
-            watched[fd] = pid
-            poller.register(fd, select.POLLIN)
-        for fd, _event in poller.poll(1000):
-            pid = watched.pop(fd)
-            poller.unregister(fd)
-            code = _zombie_code(pid)
-            os.close(fd)
-            if code and proc.poll() is None and not os.path.exists(paths["stopped"]):
-                running["worker_code"] = code
-                _say(f"a worker (pid {pid}) ended with exit code {code}: the other nodes are "
-                     f"told to stop")
-                gang.worker_failed(code, name)
-                try:
-                    proc.wait(LAUNCHER_GRACE)
-                except subprocess.TimeoutExpired:
-                    terminate(paths["dir"], proc.pid, grace)
-                return
-
-
-def _is_rank(pid):
-    """Whether a process is a rank: LOCAL_RANK in its environment (a child not yet through its
-    exec is looked at again a second later)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return any(item.startswith(b"LOCAL_RANK=") for item in handle.read().split(b"\0"))
-    except OSError:
-        return False
-
-
-def _children(pid):
-    """Pids of a process's children (its main thread's: where a launcher starts its workers)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as handle:
-            return [int(child) for child in handle.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _zombie_code(pid):
-    """The exit code of an ended, not yet reaped process (negative: the signal that ended it);
-    None once it is reaped."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    if fields[0] != "Z" or len(fields) < 50:
-        return None
-    status = int(fields[49])
-    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+    record(paths, "firewall", closed_by="supervisor", changed=bool(closed.get("changed")),
+           error=closed.get("error"))
 
 
 def _say(text):

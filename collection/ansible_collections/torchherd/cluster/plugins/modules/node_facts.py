@@ -109,8 +109,8 @@ python:
 torch:
   description:
     - The torch build of the job interpreter; C(error) says why it could not be imported.
-    - C(launchers) has the installed version of accelerate and deepspeed for that interpreter,
-      null where one is not installed.
+    - C(launchers) has the installed version of every launcher that torch does not bring
+      (accelerate, deepspeed) for that interpreter, null where one is not installed.
   returned: always
   type: dict
   sample:
@@ -198,6 +198,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import distributions
 from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import (
     interfaces,
     select,
@@ -207,8 +208,23 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import py_spy_path
 
+# The installed version of every launcher that torch does not bring, by its distribution
+# (nothing is imported); part of both programs below, which run in the job's interpreter.
+LAUNCHER_VERSIONS = f"DISTRIBUTIONS = {distributions()!r}\n" + r"""
+
+def launcher_versions():
+    found = {}
+    for name, distribution in DISTRIBUTIONS.items():
+        try:
+            import importlib.metadata as md
+            found[name] = md.version(distribution)
+        except Exception:
+            found[name] = None
+    return found
+"""
+
 # Printed as one JSON line by the job interpreter; stays importable on Python 3.8+.
-TORCH_PROBE = r"""
+TORCH_PROBE = LAUNCHER_VERSIONS + r"""
 import json, platform, sys
 out = {"python": {"path": sys.executable, "version": platform.python_version()}}
 try:
@@ -228,14 +244,7 @@ try:
         t["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
 except Exception as exc:
     t = {"version": None, "error": "%s: %s" % (type(exc).__name__, exc)}
-# The launchers other than torchrun, by their installed distribution (nothing is imported).
-t["launchers"] = {}
-for name in ("accelerate", "deepspeed"):
-    try:
-        import importlib.metadata as md
-        t["launchers"][name] = md.version(name)
-    except Exception:
-        t["launchers"][name] = None
+t["launchers"] = launcher_versions()
 out["torch"] = t
 print(json.dumps(out))
 """
@@ -243,7 +252,7 @@ print(json.dumps(out))
 
 # What the answer of TORCH_PROBE depends on, read without importing torch (~20 ms): describe()
 # runs in the job's interpreter, in this process where that is the module's own interpreter.
-FINGERPRINT = r"""
+FINGERPRINT = LAUNCHER_VERSIONS + r"""
 import importlib.util, json, os, sys
 
 
@@ -258,16 +267,13 @@ def describe():
                 files.append([name, st.st_mtime_ns, st.st_size, st.st_ino])
             except OSError:
                 files.append([name, None, None, None])
-    launchers = []
-    for name in ("accelerate", "deepspeed"):
-        try:
-            import importlib.metadata as md
-            launchers.append(md.version(name))
-        except Exception:
-            launchers.append(None)
     return [os.path.realpath(sys.executable), sys.version, spec.origin if spec else None,
-            files, launchers]
+            files, list(launcher_versions().values())]
 """
+
+
+# The NVIDIA driver's files: its version and one directory per GPU (read without a CUDA context).
+NVIDIA_PROC = "/proc/driver/nvidia"
 
 
 def _read(path):
@@ -293,14 +299,17 @@ def fingerprint(python, timeout):
             interp = json.loads(proc.stdout.strip().splitlines()[-1])
         except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
             return None
-    gpus_dir = "/proc/driver/nvidia/gpus"
-    gpus = sorted((bus, _read(os.path.join(gpus_dir, bus, "information")))
+    gpus_dir = os.path.join(NVIDIA_PROC, "gpus")
+    gpus = sorted([bus, _read(os.path.join(gpus_dir, bus, "information"))]
                   for bus in (os.listdir(gpus_dir) if os.path.isdir(gpus_dir) else []))
     devs = sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
-    return {"probe": hashlib.sha256(TORCH_PROBE.encode()).hexdigest(), "interpreter": interp,
-            "env": [os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
-                                                "CUDA_HOME", "NCCL_HOME")],
-            "driver": _read("/proc/driver/nvidia/version"), "gpus": gpus, "devices": devs}
+    key = {"probe": hashlib.sha256(TORCH_PROBE.encode()).hexdigest(), "interpreter": interp,
+           "env": [os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
+                                               "CUDA_HOME", "NCCL_HOME")],
+           "driver": _read(os.path.join(NVIDIA_PROC, "version")), "gpus": gpus, "devices": devs}
+    # As the cache keeps it (JSON: lists, never tuples), so that an unchanged node compares
+    # equal: with a GPU's tuple in it the cache never hit on a machine with an NVIDIA driver.
+    return json.loads(json.dumps(key))
 
 
 def cached_probe(python, timeout, root, max_age):

@@ -241,8 +241,8 @@ options:
             returns as soon as the supervisor runs (RV(job_state) running, no RV(probe)); the
             launcher starts once every node came. For launches on more nodes than Ansible
             forks, whose later nodes start while the first wait. A barrier that does not say
-            go ends the job on that node as failed (C(barrier.json) in the run directory says
-            why).
+            go ends the job on that node as failed (the C(barrier) section of the run-state
+            record, RV(record), says why).
           - The supervisors form the gang then as they do after the barrier in this call.
         type: bool
         default: false
@@ -459,6 +459,8 @@ firewall:
       (C(changed), C(backends), C(detected), C(rules), C(peers), C(msg)); C(rules) is empty
       where no firewall is active, and after a removal. C(error) says why a removal failed
       (the rules are still there then).
+    - With O(state=waiting), where the job's supervisor removed them already at the job's end,
+      only C(changed) false and C(closed_by) C(supervisor).
   returned: when O(firewall) is set, with O(state=started), and with O(state=waiting) once the job has ended
   type: dict
   sample:
@@ -466,6 +468,25 @@ firewall:
     backends: []
     rules: []
     msg: "no firewall is active on this node (firewalld missing, iptables inactive, nftables inactive, ufw missing): nothing to open"
+record:
+  description:
+    - The node's run-state record of the run (C(run.json) in the run directory), as it is after
+      this call; C(seq) grows with every write, so of two copies the higher one is newer
+      (filter C(torchherd.cluster.run_state) takes the newest).
+    - C(job) (C(started_at), C(pid); C(exit_code), C(ended_at) from the supervisor;
+      C(stopped_at), C(killed) from a stop), C(barrier) (C(where) it ran, C(go), what it saw),
+      C(gang) (on the master, C(joined), C(expected), C(lost)), C(firewall) (C(opened_by),
+      C(rules); C(closed_by), C(error)).
+  returned: except in check mode, and with O(state=started) where the start failed
+  type: dict
+  sample:
+    schema: 1
+    seq: 4
+    updated_at: 1763700010.3
+    job: {started_at: 1763700000.5, pid: 4242, exit_code: 0, ended_at: 1763700010.2}
+    barrier: {where: start, go: true, served: 2}
+    gang: {joined: 1, expected: 1, lost: []}
+    firewall: {opened_by: start, rules: ["tcp dport 29500 ip saddr 10.0.0.2 accept"], closed_by: supervisor, error: null}
 meta:
   description: What O(meta) recorded at start, and O(wrapper) when one was given.
   returned: always
@@ -485,6 +506,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
     close_rules,
     converge_rules,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
@@ -496,9 +518,12 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     sleep_until_gone,
     supervisor_alive,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop as stop_job
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
     StartError,
+    barrier_seen,
     check_start,
     gang_formed,
     launcher_argv,
@@ -507,6 +532,8 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor impo
 
 
 def start(module, p, paths):
+    """Open the start's rules, meet at the barrier (in this call or, in the background, in the
+    supervisor) and start the job; the result's fields."""
     check_start(p, paths)
     argv = launcher_argv(p, paths)
     # The job's firewall rules before the barrier: a node reaches it only once its own rules
@@ -515,10 +542,14 @@ def start(module, p, paths):
     if p["firewall"] is not None:
         opened["firewall"] = converge_rules(Runner(module), dict(p["firewall"], state="present",
                                                                  run_id=p["run_id"]))
+    changed = bool(opened and opened["firewall"]["changed"])
     if module.check_mode:
-        module.exit_json(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
-                         run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
-                         **opened)
+        return dict(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
+                    run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
+                    **opened)
+    if opened.get("firewall", {}).get("rules"):
+        record(paths, "firewall", opened_by="start", rules=opened["firewall"]["rules"],
+               backends=opened["firewall"].get("backends") or [])
     probe = gang = None
     if p["barrier"] and not p["barrier"]["background"]:
         b = p["barrier"]
@@ -528,15 +559,16 @@ def start(module, p, paths):
         probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
                         b["window"], listen=b["listen"], expect=b["expect"],
                         source=b["source"] or None, gang=gang_sock)
+        record(paths, "barrier", where="start", **barrier_seen(probe))
         gang = {"sock": gang_sock} if b["listen"] else {"port": probe.get("gang_port")}
         probe.pop("gang_port", None)
         if not probe.pop("go"):
             if gang_sock is not None:
                 gang_sock.close()
-            module.exit_json(changed=bool(opened and opened["firewall"]["changed"]), started=False,
-                             job_state="absent", pid=None, exit_code=None, cmd=argv,
-                             run_dir=paths["dir"], log=paths["log"], last_line="",
-                             meta=p["meta"], probe=probe, **opened)
+            return dict(changed=changed, started=False, job_state="absent", pid=None,
+                        exit_code=None, cmd=argv, run_dir=paths["dir"], log=paths["log"],
+                        last_line="", meta=p["meta"], probe=probe,
+                        record=read_record(paths), **opened)
         if b["listen"] and gang_sock is None:
             gang = None  # no port for the gang here: the controller's watch stops the others
             gang_formed(paths, 0, b["expect"] - 1, "no port for the gang on the master")
@@ -545,14 +577,16 @@ def start(module, p, paths):
     close = p["firewall"] if opened and opened["firewall"].get("rules") else None
     started_at = spawn(p, paths, argv, os.environ, gang=gang, close=close)
     state = read_state(paths)
+    record(paths, "job", started_at=started_at, pid=state["pid"])
     extra = dict(opened, probe=probe) if probe is not None else opened
-    module.exit_json(changed=True, started=True, job_state=state["state"], pid=state["pid"],
-                     exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],
-                     log=paths["log"], last_line=last_line(paths["log"]),
-                     started_at=started_at, meta=p["meta"], **extra)
+    return dict(changed=True, started=True, job_state=state["state"], pid=state["pid"],
+                exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],
+                log=paths["log"], last_line=last_line(paths["log"]),
+                started_at=started_at, meta=p["meta"], record=read_record(paths), **extra)
 
 
-def report(module, paths, changed=False, **extra):
+def report(paths, changed=False, **extra):
+    """The job's state here, for every state of the module: the result's fields."""
     state = read_state(paths)
     meta = load_json(paths["meta"], {})
     if state["exit_code"] is not None and not meta.get("ended_at"):
@@ -561,26 +595,37 @@ def report(module, paths, changed=False, **extra):
             meta["ended_at"] = os.path.getmtime(paths["exit_code"])
         except OSError:
             pass
-    module.exit_json(changed=changed, job_state=state["state"], pid=state["pid"],
-                     exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
-                     last_line=last_line(paths["log"]), meta=meta,
-                     started_at=meta.get("started_at"), ended_at=meta.get("ended_at"),
-                     checked_at=time.time(), **extra)
+    return dict(changed=changed, job_state=state["state"], pid=state["pid"],
+                exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
+                last_line=last_line(paths["log"]), meta=meta,
+                started_at=meta.get("started_at"), ended_at=meta.get("ended_at"),
+                checked_at=time.time(), record=read_record(paths), **extra)
 
 
 def close_firewall(module, p, paths):
-    """The run's rules removed here: by the supervisor already (its firewall.json), else now.
+    """The run's rules removed here: by the supervisor already (the record says so), else now.
     What was removed, or the error, since a rule that could not be removed must not hide the
     job's own state."""
-    closed = load_json(paths["firewall"], None)
-    if not isinstance(closed, dict) or "error" in closed:
-        closed = close_rules(Runner(module), p["run_id"], p["firewall"])
+    fw = read_record(paths)["firewall"]
+    if fw.get("closed_by") and not fw.get("error"):
+        return {"changed": False, "closed_by": fw["closed_by"]}
+    closed = close_rules(Runner(module), p["run_id"], p["firewall"])
+    record(paths, "firewall", closed_by="wait", changed=bool(closed.get("changed")),
+           error=closed.get("error"))
     if "error" in closed:
         module.warn(f"the rules of run {p['run_id']} could not be removed here: {closed['error']}")
     return closed
 
 
+def _gang(paths):
+    """The master's gang as its record has it, or None before it formed."""
+    formed = read_record(paths)["gang"]
+    return formed if "expected" in formed else None
+
+
 def wait(module, p, paths, timeout):
+    """Wait until the job ends here (with p.gang: on every node of the master's gang), the
+    timeout passes or, with p.hang, the node's activity changes; the result's fields."""
     deadline = time.monotonic() + timeout
     hang = p["hang"]
     formed = None
@@ -594,7 +639,7 @@ def wait(module, p, paths, timeout):
         if p["gang"]:
             # The master alone speaks for every node only where every node joined its gang;
             # else the wait returns at once (gang_complete false), for a watch of every node.
-            formed = load_json(paths["gang"], None)
+            formed = _gang(paths)
             if formed is None:
                 sleep_until_gone(paths, min(left, 0.5))
                 continue
@@ -604,7 +649,7 @@ def wait(module, p, paths, timeout):
         sleep_until_gone(paths, min(left, 1.0 if hang else 30.0))
     extra = {}
     if p["gang"]:
-        formed = formed or load_json(paths["gang"], None)
+        formed = formed or _gang(paths)
         extra["gang_complete"] = bool(formed) and formed.get("joined", 0) >= formed.get("expected", 1)
         if formed and not extra["gang_complete"]:
             extra["gang_formed"] = formed
@@ -619,7 +664,7 @@ def wait(module, p, paths, timeout):
                                and not supervisor_alive(paths))
         # The nodes the master's gang lost (their links closed without an exit): the launch
         # does not try them again.
-        extra["gang_lost"] = ((load_json(paths["gang"], None) or {}).get("lost") or []
+        extra["gang_lost"] = ((_gang(paths) or {}).get("lost") or []
                               if extra["gang_ended"] else [])
         if not extra["gang_ended"]:
             state = "running"  # for the rules below: the job is not over everywhere yet
@@ -631,8 +676,8 @@ def wait(module, p, paths, timeout):
     # Once the job has ended here, its rules go in this same call (no teardown round trip).
     if p["firewall"] is not None and state != "running" and not module.check_mode:
         closed = close_firewall(module, p, paths)
-        report(module, paths, changed=closed["changed"], firewall=closed, **extra)
-    report(module, paths, **extra)
+        return report(paths, changed=closed["changed"], firewall=closed, **extra)
+    return report(paths, **extra)
 
 
 def _quiet_changed(paths, hang):
@@ -650,13 +695,21 @@ def _quiet_changed(paths, hang):
 
 
 def stop(module, p, paths):
+    """Stop the job here (SIGTERM, the grace, SIGKILL): the result's fields."""
     state = read_state(paths)
     left = job_pids(paths["dir"])
     if state["state"] != "running" and not left:
-        report(module, paths, killed=[])
+        return report(paths, killed=[])
     if module.check_mode:
-        report(module, paths, changed=True, killed=[])
-    report(module, paths, changed=True, killed=stop_job(paths, state["pid"], p["grace"]))
+        return report(paths, changed=True, killed=[])
+    killed = stop_job(paths, state["pid"], p["grace"])
+    record(paths, "job", stopped_at=time.time(), killed=killed)
+    return report(paths, changed=True, killed=killed)
+
+
+STATES = {"started": start, "waiting": lambda module, p, paths: wait(module, p, paths,
+                                                                     p["wait_timeout"]),
+          "stopped": stop, "status": lambda module, p, paths: report(paths)}
 
 
 def main():
@@ -668,7 +721,7 @@ def main():
             root=dict(type="path", required=True),
             python=dict(type="str", default=""),
             launcher=dict(type="str", default="torchrun",
-                          choices=["torchrun", "accelerate", "deepspeed"]),
+                          choices=list(LAUNCHERS)),
             launcher_args=dict(type="list", elements="str", default=[]),
             use_cpu=dict(type="bool", default=False),
             script=dict(type="str"),
@@ -713,17 +766,12 @@ def main():
     p = module.params
     paths = run_paths(p["root"], p["run_id"])
     try:
-        if p["state"] == "started":
-            start(module, p, paths)
-        elif p["state"] == "waiting":
-            wait(module, p, paths, p["wait_timeout"])
-        elif p["state"] == "stopped":
-            stop(module, p, paths)
+        result = STATES[p["state"]](module, p, paths)
     except StartError as exc:
         module.fail_json(msg=str(exc), **exc.result)
     except FirewallError as exc:  # the start's rules could not be opened: nothing started
         module.fail_json(msg=exc.msg, **exc.details)
-    report(module, paths)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Every node's run-state record as the controller knows it: the newest of the copies it has."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    RECORD,
+    empty,
+    rules_open,
+)
+
+DOCUMENTATION = r"""
+name: run_state
+author: torchherd developers
+version_added: 0.3.0
+short_description: Read each node's run-state record (job, barrier, gang, firewall) on the controller
+description:
+  - Each node keeps one record of its part of a run (C(run.json) in its run directory, written
+    by the start, the job's supervisor, the wait and the stop; see C(_runstate)). Every answer of
+    M(torchherd.cluster.torchrun_job) carries a copy (C(record)), and collect brings the file
+    back (under O(nodes_dir)); the newest copy of each node wins (its C(seq)).
+  - Adds what the controller alone knows, once for all nodes, so that no play deduces it from
+    registered results: C(lost) (no answer over SSH, or named lost by the master's gang, whose
+    record says which nodes it lost) and C(rules_open), the firewall rules still in place (the
+    record's, and those the firewall role opened under become, from its result
+    C(torchherd_firewall)); where nothing is known of a node's rules, C(rules_open) says so
+    (C(["unknown"])), so that the teardown visits it.
+positional: _input, hostvars
+options:
+  _input:
+    description: The hosts of the run.
+    type: list
+    elements: str
+    required: true
+  hostvars:
+    description: C(hostvars).
+    type: dict
+    required: true
+  nodes_dir:
+    description: The run's C(nodes) directory on the controller, where collect put each node's
+      run directory (C(<runs_dir>/<run_id>/nodes)); empty reads none.
+    type: str
+    default: ""
+"""
+
+EXAMPLES = r"""
+- name: Find the nodes whose firewall rules are still in place
+  ansible.builtin.add_host:
+    name: "{{ item.key }}"
+    groups: torchherd_teardown
+  loop: >-
+    {{ ansible_play_hosts | torchherd.cluster.run_state(hostvars, nodes_dir=runs_dir ~ '/nodes')
+       | dict2items | selectattr('value.rules_open') | rejectattr('value.lost') }}
+"""
+
+RETURN = r"""
+_value:
+  description: Host name to its state.
+  type: dict
+  contains:
+    record:
+      description: The node's newest record (sections C(job), C(barrier), C(gang), C(firewall)).
+      type: dict
+    rules_open:
+      description: The run's firewall rules the node still holds, as far as the controller knows.
+      type: list
+      elements: str
+    lost:
+      description: Whether the launch lost the node (the watch's SSH, or the master's gang).
+      type: bool
+    lost_why:
+      description: Why it counts as lost (empty when it does not).
+      type: str
+"""
+
+# The registered results of the launch's phases that answer with a copy of the record.
+RESULTS = ("torchherd_start", "torchherd_watch", "torchherd_stop", "torchherd_status")
+UNKNOWN = "unknown"
+
+
+def _plain(value):
+    return value if isinstance(value, dict) else {}
+
+
+def _collected(nodes_dir, host):
+    if not nodes_dir:
+        return None
+    try:
+        with open(os.path.join(nodes_dir, host, RECORD), encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def newest(copies):
+    """The copy with the highest seq (a later copy wins a tie)."""
+    best = None
+    for copy in copies:
+        if isinstance(copy, dict) and (best is None or int(copy.get("seq") or 0)
+                                       >= int(best.get("seq") or 0)):
+            best = copy
+    return best
+
+
+def _role_rules(hv):
+    """The rules the firewall role opened (None: the role's result is not known)."""
+    if "torchherd_firewall" not in hv:
+        return None
+    role = _plain(hv["torchherd_firewall"])
+    if role.get("skipped"):
+        return []
+    if role.get("failed"):
+        return [UNKNOWN]
+    return list(role.get("rules") or [])
+
+
+def run_state(hosts, hostvars, nodes_dir=""):
+    records = {}
+    for host in hosts:
+        hv = hostvars.get(host, {})
+        copies = [_plain(hv.get(key)).get("record") for key in RESULTS]
+        records[host] = newest(copies + [_collected(nodes_dir, host)])
+    gang_lost = {name for rec in records.values() if rec
+                 for name in (_plain(rec.get("gang")).get("lost") or [])}
+    out = {}
+    for host in hosts:
+        hv = hostvars.get(host, {})
+        record = records[host] or empty()
+        role = _role_rules(hv)
+        if role is None and not record.get("firewall"):
+            rules = [UNKNOWN]
+        else:
+            rules = (role or []) + rules_open(record)
+        why = ""
+        unreachable = [key for key in RESULTS if _plain(hv.get(key)).get("unreachable")]
+        if unreachable:
+            why = f"no answer over SSH ({unreachable[0].replace('torchherd_', '')})"
+        elif host in gang_lost:
+            why = "its link to the master's gang closed without its launcher's end"
+        out[host] = {"record": record, "rules_open": rules, "lost": bool(why), "lost_why": why}
+    return out
+
+
+class FilterModule:
+    """torchherd run-state filter."""
+
+    def filters(self):
+        return {"run_state": run_state}
