@@ -395,8 +395,10 @@ def plan(job, groups, hostvars, run_id=""):
                  for h in nodes}
     # The start barrier is the whole launch's (a node without it would never come to it): off
     # where any node's torchherd_torchrun_barrier turns it off.
-    barrier = all([_host_setting(h, hvs[h], "torchherd_torchrun_barrier", True, boolean, problems)
-                   for h in nodes])
+    # (Every node's setting is read, so that each bad one is named.)
+    barriers = [_host_setting(h, hvs[h], "torchherd_torchrun_barrier", True, boolean, problems)
+                for h in nodes]
+    barrier = False not in barriers
 
     # gloo and NCCL connect between the nodes on ports the kernel picks: mode ports without
     # ports (the master port is the rendezvous's alone) would let the rendezvous through and
