@@ -15,8 +15,8 @@ description:
   - Reads C(torchherd_node) (its node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
-  - A node lost while its job ran (C(lost) of C(torchherd.cluster.run_state): the master's gang
-    lost it) counts as unreachable (the launch did not try it again).
+  - A node lost while its job ran (C(lost) of C(torchherd.cluster.run_state), where the master's
+    gang lost it) counts as unreachable (the launch did not try it again).
   - C(started_at) and C(ended_at) are on the controller's clock, C(clock_offset) seconds behind
     the node's (from the time the node answered and the time its answer came back, see the
     action of C(torchherd.cluster.torchrun_job)), so that nodes whose clocks disagree compare

@@ -24,11 +24,11 @@ description:
     M(torchherd.cluster.torchrun_job) carries a copy (C(record)), and collect brings the file
     back (under O(nodes_dir)); the newest copy of each node wins (its C(seq)).
   - Adds what the controller alone knows, once for all nodes, so that no play deduces it from
-    registered results: C(lost) (no answer over SSH, or named lost by the master's gang, whose
+    registered results, C(lost) (no answer over SSH, or named lost by the master's gang, whose
     record says which nodes it lost) and C(rules_open), the firewall rules still in place (the
     record's, and those the firewall role opened under become, from its result
     C(torchherd_firewall)); where nothing is known of a node's rules, C(rules_open) says so
-    (C(["unknown"])), so that the teardown visits it.
+    (the single rule C(unknown)), so that the teardown visits it.
 positional: _input, hostvars
 options:
   _input:

@@ -49,7 +49,7 @@ def watch_workers(proc, paths, grace, gang, name, running, say):
             if code and proc.poll() is None and not os.path.exists(paths["stopped"]):
                 running["worker_code"] = code
                 say(f"a worker (pid {pid}) ended with exit code {code}: the other nodes are "
-                     f"told to stop")
+                    f"told to stop")
                 gang.worker_failed(code, name)
                 try:
                     proc.wait(LAUNCHER_GRACE)
