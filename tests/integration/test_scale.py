@@ -45,10 +45,10 @@ def test_more_nodes_than_forks_run_and_stop_together_after_a_failure(make_cluste
         found += OK_LINE.findall(log)
     assert sorted(int(f[1]) for f in found) == list(range(NODES))
     assert {(f[2], f[3]) for f in found} == {(str(NODES * (NODES - 1) // 2),) * 2}
-    # Every node met at the barrier in its supervisor, not in the start task.
+    # Every node met at the barrier in its supervisor, not in the start task (its record).
     barrier = json.loads((tmp_path / "forks-ok" / "nodes" / cluster.nodes[0].name
-                          / "barrier.json").read_text())
-    assert barrier["go"] and barrier["served"] == NODES
+                          / "run.json").read_text())["barrier"]
+    assert barrier["go"] and barrier["served"] == NODES and barrier["where"] == "supervisors"
 
     # A rank raises a second after the all-reduce; its node tells the master's supervisor,
     # which stops every node: all within 10 s, whatever the controller's workers are doing.

@@ -518,7 +518,10 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     sleep_until_gone,
     supervisor_alive,
 )
-from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    empty,
+    read_record,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop as stop_job
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
@@ -547,9 +550,12 @@ def start(module, p, paths):
         return dict(changed=True, job_state="absent", pid=None, exit_code=None, cmd=argv,
                     run_dir=paths["dir"], log=paths["log"], last_line="", meta=p["meta"],
                     **opened)
+    # What the record gets once the job starts: a start the barrier calls off leaves no run
+    # directory on the node (nothing started), its answer says what it saw.
+    seen = empty()
     if opened.get("firewall", {}).get("rules"):
-        record(paths, "firewall", opened_by="start", rules=opened["firewall"]["rules"],
-               backends=opened["firewall"].get("backends") or [])
+        seen["firewall"] = {"opened_by": "start", "rules": opened["firewall"]["rules"],
+                            "backends": opened["firewall"].get("backends") or []}
     probe = gang = None
     if p["barrier"] and not p["barrier"]["background"]:
         b = p["barrier"]
@@ -559,7 +565,7 @@ def start(module, p, paths):
         probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
                         b["window"], listen=b["listen"], expect=b["expect"],
                         source=b["source"] or None, gang=gang_sock)
-        record(paths, "barrier", where="start", **barrier_seen(probe))
+        seen["barrier"] = dict(barrier_seen(probe), where="start")
         gang = {"sock": gang_sock} if b["listen"] else {"port": probe.get("gang_port")}
         probe.pop("gang_port", None)
         if not probe.pop("go"):
@@ -567,8 +573,7 @@ def start(module, p, paths):
                 gang_sock.close()
             return dict(changed=changed, started=False, job_state="absent", pid=None,
                         exit_code=None, cmd=argv, run_dir=paths["dir"], log=paths["log"],
-                        last_line="", meta=p["meta"], probe=probe,
-                        record=read_record(paths), **opened)
+                        last_line="", meta=p["meta"], probe=probe, record=seen, **opened)
         if b["listen"] and gang_sock is None:
             gang = None  # no port for the gang here: the controller's watch stops the others
             gang_formed(paths, 0, b["expect"] - 1, "no port for the gang on the master")
@@ -577,6 +582,9 @@ def start(module, p, paths):
     close = p["firewall"] if opened and opened["firewall"].get("rules") else None
     started_at = spawn(p, paths, argv, os.environ, gang=gang, close=close)
     state = read_state(paths)
+    for section in ("firewall", "barrier"):
+        if seen[section]:
+            record(paths, section, **seen[section])
     record(paths, "job", started_at=started_at, pid=state["pid"])
     extra = dict(opened, probe=probe) if probe is not None else opened
     return dict(changed=True, started=True, job_state=state["state"], pid=state["pid"],
