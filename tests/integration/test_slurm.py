@@ -77,6 +77,16 @@ def leftovers(cluster, node) -> list[str]:
     return found + [f"marker: {path}" for path in marked]
 
 
+def node_logs(cluster, job_id, hosts, lines: int = 40) -> str:
+    """The end of each node's log of the job's run: with the job's output, what a failed job's
+    assertion shows (a rank that crashed, e.g. SIGABRT at exit, leaves its last words there)."""
+    run_dir = f"/root/.torchherd/runs/slurm-{job_id}"
+    return "".join(
+        f"\n--- {host}: {run_dir}/node.log (last {lines} lines)\n"
+        + cluster.exec(host, ["tail", "-n", str(lines), f"{run_dir}/node.log"], check=False).stdout
+        for host in hosts)
+
+
 def test_inventory_lists_exactly_the_allocated_nodes(slurm):
     skipped = slurm.nodes[1].name
     script = f'echo "job=$SLURM_JOB_ID"; ansible-inventory -i {INVENTORY} --list'
@@ -136,7 +146,7 @@ def test_sbatch_launches_on_exactly_the_allocated_nodes(slurm):
     allocated = slurm.job_nodes(job_id)
     batch_host = allocated[0]
     output = slurm.exec(batch_host, ["cat", f"/root/torchherd-{job_id}.out"]).stdout
-    assert submitted.returncode == 0, output
+    assert submitted.returncode == 0, output + node_logs(slurm, job_id, allocated)
     assert slurm.job_state(job_id) == "COMPLETED"
     assert allocated == names(slurm, 0, 2, 3)
 
@@ -232,7 +242,7 @@ def test_other_launchers_run_as_steps_of_the_job(slurm, launcher, script, line):
     job_id = submitted.stdout.strip().split(";")[0]
     allocated = slurm.job_nodes(job_id)
     output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"]).stdout
-    assert submitted.returncode == 0, output
+    assert submitted.returncode == 0, output + node_logs(slurm, job_id, allocated)
     assert slurm.job_state(job_id) == "COMPLETED"
     seen = {}
     for rank, host in enumerate(allocated):

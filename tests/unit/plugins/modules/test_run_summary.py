@@ -283,3 +283,88 @@ def test_a_node_the_watch_did_not_wait_on_is_told_from_its_collected_run_directo
             for h in s["hosts"].values()] == [("succeeded", 0, 9.5, "rank 0 ok"),
                                               ("succeeded", 0, 9.0, "rank 1 ok"),
                                               ("failed", 3, 6.5, "rank 2 gave up")]
+
+
+ABORT = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+         "  what():  [enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= "
+         "op.nbytes. 8 vs 4\n")
+
+
+def test_a_rank_that_crashed_is_named_with_its_crash_not_the_launchers_report(tmp_path):
+    """A rank that died of SIGABRT (an exception no C++ thread caught) leaves no traceback and
+    no error file: its own last words and the signal are the cause, not torchrun's (or
+    accelerate's) ChildFailedError, the last traceback of the node log."""
+    report = REPORT.format(other=2, other_local=0, other_code=-15, root=3, root_local=1,
+                           root_code=-6)
+    report = ("Traceback (most recent call last):\n  File \"run.py\", line 9, in <module>\n"
+              + report.replace("  error_file: <N/A>\n=",
+                               "  error_file: <N/A>\n  traceback : Signal 6 (SIGABRT) received "
+                               "by PID 405\n="))
+    node = two_rank_node(tmp_path, {0: ("Signal 15 received\n", 99.0),
+                                    1: ("[default1]:" + ABORT, 98.0)}, report)
+    found = failure_of(node)
+    assert (found["failing_rank"], found["local_rank"]) == (3, 1)
+    assert found["exception"].startswith("gloo::EnforceNotMet: [enforce fail at gloo/")
+    assert found["exception"].endswith("; killed by SIGABRT")
+    # Nothing on its stderr: still the signal, not the launcher's exception.
+    node = two_rank_node(tmp_path / "quiet", {0: ("Signal 15 received\n", 99.0),
+                                              1: ("loading batch\n", 98.0)}, report)
+    assert failure_of(node)["exception"] == "killed by SIGABRT (6) without a traceback"
+    # Without the rank's files (log_dir elsewhere): what torchrun's report says of it.
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "node.log").write_text(report)
+    assert failure_of(str(tmp_path / "bare"))["exception"] == (
+        "killed by SIGABRT (6) without a traceback")
+    (tmp_path / "bare" / "node.log").write_text(report.replace("Failures:", "Failed:"))
+    assert failure_of(str(tmp_path / "bare"))["exception"] == (
+        "Signal 6 (SIGABRT) received by PID 405")
+
+
+def test_a_crashed_rank_under_a_launcher_without_per_rank_files(tmp_path):
+    """DeepSpeed's launcher exits with the rank's code modulo 256 (250 for SIGABRT); the node
+    log has the rank's crash and the launcher's line naming the rank and its code."""
+    log = ("[2026-11-25 15:23:57,207] [INFO] [launch.py:245:main] process 689 spawned\n"
+           + ABORT + "[2026-11-25 15:24:06,226] [ERROR] [launch.py:259:sigkill_handler] "
+           "['/usr/bin/python3.11', '-u', 'deepspeed_step.py', '--local_rank=0'] exits with "
+           "return code = -6\nsrun: error: n1: task 0: Exited with exit code 250\n")
+    (tmp_path / "node.log").write_text(log)
+    found = failure_of(str(tmp_path))
+    assert found["local_rank"] == 0
+    assert found["exception"].startswith("gloo::EnforceNotMet: [enforce fail at gloo/")
+    assert found["exception"].endswith("; killed by SIGABRT")
+    # A peer's connection error in the log does not hide the crash that came first.
+    (tmp_path / "node.log").write_text(log.replace(
+        "[2026", tb(3, "RuntimeError: Connection closed by peer [10.0.0.2]:5") + "[2026", 1))
+    assert failure_of(str(tmp_path))["exception"].startswith("gloo::EnforceNotMet")
+    # A rank's own exception stays the cause.
+    (tmp_path / "node.log").write_text(DEEPSPEED_NODE_LOG)
+    assert failure_of(str(tmp_path))["exception"] == "RuntimeError: injected failure on rank 3"
+    # The summary's reason, no longer "exit code 250".
+    results = {"n0": {"job_state": "stopped", "exit_code": 1, "ended_at": 12.0},
+               "n1": {"job_state": "failed", "exit_code": 250, "ended_at": 11.0},
+               "n2": {"job_state": "stopped", "exit_code": 1, "ended_at": 12.0}}
+    (tmp_path / "nodes" / "n1").mkdir(parents=True)
+    (tmp_path / "nodes" / "n1" / "node.log").write_text(log)
+    reason = summarize(str(tmp_path), plan(), results, {})["reason"]
+    assert reason.startswith("node n1 (node_rank 1): gloo::EnforceNotMet: "), reason
+    assert "killed by SIGABRT" in reason, reason
+
+
+def test_a_rank_aborted_at_exit_says_so(tmp_path):
+    """torch 2.13 with gloo may abort a rank as it exits without destroy_process_group() while
+    a peer is still up: "terminate called without an active exception", SIGABRT, after the
+    rank's own work succeeded. The summary names that, not "exit code 250"."""
+    (tmp_path / "node.log").write_text(
+        "torchherd-deepspeed ok host=n1 node_rank=1 local_rank=0 rank=1 world_size=2\n"
+        "terminate called without an active exception\n"
+        "[2026-11-25 15:24:06,226] [ERROR] [launch.py:259:sigkill_handler] ['/usr/bin/python3',"
+        " '-u', 'deepspeed_step.py', '--local_rank=0'] exits with return code = -6\n")
+    assert failure_of(str(tmp_path))["exception"] == (
+        "terminate called without an active exception; killed by SIGABRT")
+    # With PYTHONFAULTHANDLER=1 the interpreter reports the signal after it: the why stays.
+    log = (tmp_path / "node.log").read_text().replace(
+        "exception\n", "exception\nFatal Python error: Aborted\n\nThread 0x7f (most recent "
+        "call first):\n  <no Python frame>\n")
+    (tmp_path / "node.log").write_text(log)
+    assert failure_of(str(tmp_path))["exception"] == (
+        "terminate called without an active exception; killed by SIGABRT")

@@ -13,9 +13,11 @@ import glob
 import json
 import os
 import re
+import signal
 import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import last_line
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import RECORD
 
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
@@ -105,15 +107,64 @@ def _error_file(path):
 
 def _rank_failure(rank_dir):
     """What one rank of the last attempt died of, and when: its error file (written by
-    torchelastic's @record as the exception left main), else its stderr's last traceback."""
+    torchelastic's @record as the exception left main), else its stderr's last traceback,
+    else the crash it reported on its way out (see _crash)."""
     error = os.path.join(rank_dir, "error.json")
     parsed = _error_file(error) if os.path.exists(error) else None
     if parsed and parsed[0]:
         return {"exception": parsed[0], "traceback": parsed[1], "at": _mtime(error)}
     stderr = os.path.join(rank_dir, "stderr.log")
-    traceback, exception = _traceback(_read(stderr))
+    text = _read(stderr)
+    traceback, exception = _traceback(text)
+    if exception is None:
+        exception = _crash(text)
     return {"exception": exception, "traceback": traceback,
             "at": _mtime(stderr) if exception else float("inf")}
+
+
+# How a process that dies without a Python traceback says why: C++'s std::terminate (an
+# exception no thread caught, e.g. in gloo's or a store's background thread; then SIGABRT)
+# and CPython's fatal errors (then SIGABRT too).
+_TERMINATE = re.compile(r"terminate called (?:after throwing an instance of '([^'\n]+)'"
+                        r"(?:\s*\n[^\n]*?what\(\):\s*([^\n]*))?|[^\n]*)")
+# (Not faulthandler's report of the signal itself, "Fatal Python error: Aborted", which follows
+# the line that says why.)
+_FATAL = re.compile(r"Fatal Python error: (?!Aborted$|Segmentation fault$|Bus error$|"
+                    r"Floating point exception$|Illegal instruction$)[^\n]*", re.MULTILINE)
+
+
+def _crash(text):
+    """The last crash a process reported on its stderr (text), as one line, or None."""
+    text = _PREFIX.sub("", text)
+    found = [*_TERMINATE.finditer(text), *_FATAL.finditer(text)]
+    if not found:
+        return None
+    last = max(found, key=lambda m: m.start())
+    if last.re is _TERMINATE and last.group(1):
+        what = (last.group(2) or "").strip()
+        return (f"{last.group(1)}: {what}" if what else last.group(1)) + \
+            " (uncaught in a C++ thread: std::terminate)"
+    return last.group(0).strip()
+
+
+def _signal_name(code):
+    """SIGABRT for exit code -6 (a process the signal ended); None for an exit code >= 0."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _died_of(exception, code):
+    """A rank's failure as the summary says it: its exception or crash, and the signal that
+    ended it (code: its exit code, negative for a signal); None where neither is known (an
+    exit code > 0 without a traceback: the node log may hold one)."""
+    name = _signal_name(code)
+    if exception:
+        return f"{exception}; killed by {name}" if name and name not in exception else exception
+    return f"killed by {name} ({-code}) without a traceback" if name else None
 
 
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$", re.MULTILINE)
@@ -173,14 +224,27 @@ def failure_of(node_dir):
                            rank, local, failure))
     if candidates:
         _key, found["failing_rank"], found["local_rank"], failure = min(candidates)
-        found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
+        # A rank that died of a signal (SIGABRT: a crash) says so, with what it said last.
+        found["exception"] = _died_of(failure["exception"], entries[found["local_rank"]][1])
+        found["traceback"] = failure["traceback"]
     elif found["local_rank"] is not None and found["local_rank"] in ranks:
         failure = _rank_failure(ranks[found["local_rank"]])
-        found["exception"], found["traceback"] = failure["exception"], failure["traceback"]
-    elif not ranks and _RANK_LINE.search(node_log):
+        code = _EXITCODE.search(node_log, marker)
+        found["exception"] = _died_of(failure["exception"], int(code.group(1)) if code else None)
+        found["traceback"] = failure["traceback"]
+    elif not ranks and (_RANK_LINE.search(node_log) or _LAUNCHER_EXIT.search(node_log)):
         # A launcher that writes no per-rank files (DeepSpeed's): torch prefixes what each rank
         # writes to stderr with [rankN]:, so the node log holds every rank's traceback.
         found.update(_failure_from_prefixes(node_log))
+        ended = list(_LAUNCHER_EXIT.finditer(node_log))
+        if ended and (found["exception"] is None or _SECONDARY.search(found["exception"])):
+            # No traceback of its own, but the launcher names the rank whose exit ended it:
+            # one that died without a traceback (a crash, a signal) came first.
+            local, code = int(ended[-1].group(1)), int(ended[-1].group(2))
+            crash = _crash(node_log)
+            if code < 0 or crash:
+                found.update(failing_rank=None, local_rank=local, traceback=None,
+                             exception=_died_of(crash, code))
     elif ranks:
         # No report from torchrun (killed, or never got that far; the supervisor ends it 2 s
         # after a rank failed): the error files alone, the rank from torch's [rankN]: prefix.
@@ -194,12 +258,26 @@ def failure_of(node_dir):
                 found["failing_rank"] = int(prefix.group(1))
     if found["exception"] is None:
         found["traceback"], found["exception"] = _traceback(node_log)
+        said = _REPORTED.search(node_log, max(marker, 0))
+        if (found["exception"] and "ChildFailedError" in found["exception"] and said
+                and said.group(1).startswith("Signal ")):
+            # The launcher's own exception only reports a rank's failure: what it reports
+            # (a signal, when the rank left no traceback) is the cause.
+            found["exception"] = said.group(1).strip()
     return found
+
+
+# DeepSpeed's launcher, when a rank's exit ended it: "[...'--local_rank=1'] exits with return
+# code = -6" (its own exit code is that code modulo 256: 250).
+_LAUNCHER_EXIT = re.compile(r"'--local_rank=(\d+)'\] exits with return code = (-?\d+)")
+# torchrun's report of a rank's failure: what it knows of the cause ("Signal 6 (SIGABRT)
+# received by PID 405" where the rank wrote no error file).
+_REPORTED = re.compile(r"^\s*traceback\s*:\s*(\S[^\n]*)$", re.MULTILINE)
 
 
 def _called_off(node_dir, node_log):
     """Why a start in the background (its barrier in the supervisor) did not start here."""
-    barrier = _json(os.path.join(node_dir, "barrier.json"))
+    barrier = (_json(os.path.join(node_dir, RECORD)) or {}).get("barrier")
     if not barrier or barrier.get("go"):
         return None
     line = next((ln for ln in reversed(node_log.splitlines())
