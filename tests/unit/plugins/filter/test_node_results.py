@@ -1,7 +1,7 @@
 """Results of the nodes on the controller's clock: nodes whose clocks disagree still compare."""
 
 from ansible_collections.torchherd.cluster.plugins.filter.node_results import node_results
-from ansible_collections.torchherd.cluster.plugins.module_utils._summary import summarize
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import summarize
 
 
 def watched(ended_at, checked_at, received_at, state="failed"):

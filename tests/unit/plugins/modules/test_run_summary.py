@@ -2,7 +2,7 @@
 
 import os
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._summary import (
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import (
     failure_of,
     newer,
     summarize,
@@ -218,7 +218,7 @@ torchherd-fail rank=3 t=1795491091.928
 def test_a_launcher_without_per_rank_files_names_the_rank_from_the_prefixes(tmp_path):
     """DeepSpeed's launcher writes every rank to the node log; the rank that raised by itself
     is named, not the peer that lost its connection after it (which wrote last)."""
-    from ansible_collections.torchherd.cluster.plugins.module_utils._summary import failure_of
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import failure_of
 
     (tmp_path / "node.log").write_text(DEEPSPEED_NODE_LOG)
     found = failure_of(str(tmp_path))

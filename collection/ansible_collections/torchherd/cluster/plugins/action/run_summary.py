@@ -12,7 +12,7 @@ import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._summary import write_summary
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import write_summary
 
 _ARGS = {
     "run_dir": {"type": "path", "required": True},

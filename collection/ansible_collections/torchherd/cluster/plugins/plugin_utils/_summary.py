@@ -2,8 +2,9 @@
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """summary.json and merged.log of a run, from the run directory the collect phase filled.
 
-Used in-process on the controller by the run_summary action (no interpreter to start) and by
-the run_summary module.
+Used in-process on the controller by the run_summary action (no interpreter to start; the
+run_summary module holds its docs only), so it lives with the controller's plugins, not in
+module_utils, which would be shipped to nodes.
 """
 
 from __future__ import annotations
