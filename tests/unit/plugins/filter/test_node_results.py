@@ -41,3 +41,21 @@ def test_a_node_the_masters_gang_lost_while_its_job_ran_is_unreachable():
     assert (results["n1"]["unreachable"], results["n2"]["unreachable"]) == (False, True)
     assert results["n2"]["error"].startswith("its link to the master's gang closed")
     assert results["n2"]["job_state"] == "running"  # summary makes it lost
+
+
+def test_the_first_output_is_on_the_controllers_clock_and_timed_from_the_launch():
+    """A node 300 s ahead said its first line at 1310.0 on its clock (1010.0 on the
+    controller's); the driver began at 1000.0 and the plan at 1001.5."""
+    node = watched(1320.0, 1320.4, 1020.4, state="succeeded")
+    node["torchherd_watch"]["record"] = {"seq": 3, "job": {"first_output_at": 1310.0}}
+    results = node_results(["n0"], {"n0": node})
+    assert results["n0"]["first_output_at"] == 1010.0
+    plan = {"run_id": "r1", "started_at": 1001.5, "launched_at": 1000.0,
+            "nodes": [{"host": "n0", "node_rank": 0, "address": "a"}]}
+    timings = summarize("/nonexistent", plan, results, {"preflight": 1004.0})["timings"]
+    assert timings["launch"] == 1.5 and timings["preflight"] == 2.5
+    assert timings["first_output"] == 10.0 and timings["total"] > 10.0
+    # ansible-playbook run by hand: no driver, the plan is where the launch began.
+    plan.pop("launched_at")
+    timings = summarize("/nonexistent", plan, results, {})["timings"]
+    assert "launch" not in timings and timings["first_output"] == 8.5

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._stop import sto
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
     StartError,
     check_start,
+    first_output,
     job_env,
     launcher_argv,
     spawn,
@@ -213,6 +215,51 @@ def test_the_supervisor_runs_the_job_detached_and_writes_the_run_directory(tmp_p
         meta = json.load(handle)
     assert meta["host"] == "node0" and meta["started_at"] == started_at
     assert meta["ended_at"] >= started_at
+    assert started_at <= read_record(paths)["job"]["first_output_at"] <= meta["ended_at"]
+
+
+def test_the_first_output_is_the_first_byte_a_rank_wrote_not_the_launchers_chatter(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    rank_dir = Path(paths["torchrun_logs"]) / "none_x" / "attempt_0" / "0"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stdout.log").write_text("")  # the launcher made the file; the rank said nothing
+    Path(paths["log"]).write_text("W1125 torchrun: OMP_NUM_THREADS set to 1\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        watcher = threading.Thread(target=first_output, args=(proc, paths, paths["torchrun_logs"],
+                                                              0, 0.01))
+        watcher.start()
+        time.sleep(0.2)
+        assert "first_output_at" not in read_record(paths)["job"]
+        said_at = time.time()
+        (rank_dir / "stdout.log").write_text("step 0\n")
+        watcher.join(5)
+        assert not watcher.is_alive()
+        assert said_at <= read_record(paths)["job"]["first_output_at"] <= time.time()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_rank_files_the_node_logs_growth_is_the_first_output(tmp_path):
+    """DeepSpeed's launcher writes no per-rank files; a job that never speaks records none."""
+    paths = run_paths(str(tmp_path), "r1")
+    os.makedirs(paths["dir"], exist_ok=True)
+    Path(paths["log"]).write_text("torchherd: an earlier line\n")
+    before = os.path.getsize(paths["log"])
+    silent = subprocess.Popen([sys.executable, "-c", "pass"])
+    silent.wait()
+    first_output(silent, paths, None, before, 0.01)
+    assert "first_output_at" not in read_record(paths)["job"]
+    speaking = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with open(paths["log"], "a", encoding="utf-8") as log:
+            log.write("[rank0]: hello\n")
+        first_output(speaking, paths, None, before, 0.01)
+        assert read_record(paths)["job"]["first_output_at"] > 0
+    finally:
+        speaking.kill()
+        speaking.wait()
 
 
 def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, monkeypatch):

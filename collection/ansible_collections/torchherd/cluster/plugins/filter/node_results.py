@@ -17,11 +17,12 @@ description:
     data for C(torchherd.cluster.run_summary).
   - A node lost while its job ran (C(lost) of C(torchherd.cluster.run_state), where the master's
     gang lost it) counts as unreachable (the launch did not try it again).
-  - C(started_at) and C(ended_at) are on the controller's clock, C(clock_offset) seconds behind
+  - C(started_at), C(ended_at) and C(first_output_at) (when a rank first wrote output, from the
+    node's run-state record) are on the controller's clock, C(clock_offset) seconds behind
     the node's (from the time the node answered and the time its answer came back, see the
     action of C(torchherd.cluster.torchrun_job)), so that nodes whose clocks disagree compare
     right; C(checked_at) stays on the node's clock.
-positional: _input, hostvars
+positional: _input, hostvars, nodes_dir
 options:
   _input:
     description: The hosts of the run in rank order.
@@ -32,6 +33,13 @@ options:
     description: C(hostvars).
     type: dict
     required: true
+  nodes_dir:
+    description:
+      - The run's C(nodes) directory on the controller, where collect brought each node's
+        run-state record back (C(<host>/run.json)); the newest of those and the registered
+        copies wins. Empty reads the registered copies only.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -39,12 +47,12 @@ EXAMPLES = r"""
   torchherd.cluster.run_summary:
     run_dir: runs/demo
     plan: "{{ torchherd_plan }}"
-    results: "{{ ['node0', 'node1'] | torchherd.cluster.node_results(hostvars) }}"
+    results: "{{ ['node0', 'node1'] | torchherd.cluster.node_results(hostvars, 'runs/demo/nodes') }}"
 """
 
 RETURN = r"""
 _value:
-  description: Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable), C(error), C(last_line), C(logs_fetched).
+  description: Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable), C(error), C(last_line), C(started_at), C(ended_at), C(first_output_at), C(checked_at), C(clock_offset), C(logs_fetched), C(sync).
   type: dict
 """
 
@@ -67,9 +75,9 @@ def _shifted(at, offset):
     return at if at is None or offset is None else round(float(at) - offset, 3)
 
 
-def node_results(hosts, hostvars):
+def node_results(hosts, hostvars, nodes_dir=""):
     out = {}
-    states = run_state(hosts, hostvars)
+    states = run_state(hosts, hostvars, nodes_dir)
     for host in hosts:
         hv = hostvars.get(host, {})
         entry = {"node_rank": (hv.get("torchherd_node") or {}).get("node_rank"), "job_state": None,
@@ -95,6 +103,10 @@ def node_results(hosts, hostvars):
                 break
             if res.get("failed"):
                 entry["error"] = str(res.get("msg"))[:500]
+        # When a rank first said something there (the record's; the node's clock).
+        entry["first_output_at"] = _shifted(
+            _plain(states[host]["record"].get("job")).get("first_output_at"),
+            entry["clock_offset"])
         collect = _plain(hv.get("torchherd_collect_logs"))
         if "results" in collect:  # the collect role's loop: the run directory comes first
             collect = _plain((collect["results"] or [{}])[0]) or collect

@@ -250,10 +250,15 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
             gang, why = _meet(meeting, paths, stop_here)
             if gang is None or os.path.exists(paths["stopped"]):
                 raise _CalledOff(why or "stopped before the start")
+        said_before = os.fstat(1).st_size  # the node log: what follows is the launcher's
         proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
+        running["first_output"] = threading.Thread(target=first_output, daemon=True, args=(
+            proc, paths, paths["torchrun_logs"] if paths["torchrun_logs"] in argv else None,
+            said_before))
+        running["first_output"].start()
         # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
         if gang is not None and meeting.get("watch_workers") and WORKER_WATCH:
             threading.Thread(target=watch_workers, daemon=True,
@@ -276,6 +281,8 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
     finally:
         if running.get("worker_code") and code < 0:
             code = running["worker_code"]  # the launcher was ended after its worker failed
+        if running.get("first_output"):
+            running["first_output"].join(2)  # its last look, after the launcher's end
         if close is not None:
             _close_rules(close, paths)
         # ended_at first: whoever sees the exit code must find the end time too.
@@ -291,6 +298,36 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
         elif gang is not None:
             gang.own_exit(code)
         os._exit(0)
+
+
+def first_output(proc, paths, rank_logs, log_before, interval=0.1):
+    """Records in the run-state record when the job first said something on this node (its
+    time to first output): the first byte in a rank's own log file where the launcher writes
+    them (rank_logs: torchrun, accelerate), else the node log's growth past `log_before`, its
+    size at the start (DeepSpeed's launcher writes no per-rank files, so its own first line
+    counts). Polls until then or until the launcher ends: a stat of a few small files, ten
+    times a second."""
+    def size(path):
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return 0
+
+    while True:
+        # Whether it had ended before the look: output written before its end is seen.
+        ended = proc.poll() is not None
+        if rank_logs is None:
+            said = size(paths["log"]) > log_before
+        else:
+            said = any(size(os.path.join(top, name)) > 0
+                       for top, _dirs, names in os.walk(rank_logs) for name in names
+                       if name.endswith(".log"))
+        if said:
+            record(paths, "job", first_output_at=time.time())
+            return
+        if ended:
+            return
+        time.sleep(interval)
 
 
 def _close_rules(close, paths):

@@ -473,7 +473,8 @@ record:
     - The node's run-state record of the run (C(run.json) in the run directory), as it is after
       this call; C(seq) grows with every write, so of two copies the higher one is newer
       (filter C(torchherd.cluster.run_state) takes the newest).
-    - C(job) (C(started_at), C(pid); C(exit_code), C(ended_at) from the supervisor;
+    - C(job) (C(started_at), C(pid); C(first_output_at), the first output of a rank,
+      C(exit_code), C(ended_at) from the supervisor;
       C(stopped_at), C(killed) from a stop), C(barrier) (C(where) it ran, C(go), what it saw),
       C(gang) (on the master, C(joined), C(expected), C(lost)), C(firewall) (C(opened_by),
       C(rules); C(closed_by), C(error)).
@@ -483,7 +484,7 @@ record:
     schema: 1
     seq: 4
     updated_at: 1763700010.3
-    job: {started_at: 1763700000.5, pid: 4242, exit_code: 0, ended_at: 1763700010.2}
+    job: {started_at: 1763700000.5, pid: 4242, first_output_at: 1763700004.1, exit_code: 0, ended_at: 1763700010.2}
     barrier: {where: start, go: true, served: 2}
     gang: {joined: 1, expected: 1, lost: []}
     firewall: {opened_by: start, rules: ["tcp dport 29500 ip saddr 10.0.0.2 accept"], closed_by: supervisor, error: null}

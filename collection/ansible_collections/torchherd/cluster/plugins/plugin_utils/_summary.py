@@ -289,15 +289,22 @@ def _called_off(node_dir, node_log):
 PHASES = ("preflight", "sync", "start", "watch", "collect")
 
 
-def phase_timings(started_at, marks):
-    """Seconds spent in each phase, from the times the phases ended."""
+def phase_timings(started_at, marks, launched_at=None, first_output_at=None):
+    """Seconds spent in each phase, from the times the phases ended; `launch` (the driver's
+    start and ansible-playbook's, up to the plan) where the driver said when it started, and
+    `first_output`: from the launch (or the plan) to the first output of any rank."""
     timings, last = {}, started_at
+    if launched_at is not None and started_at is not None:
+        timings["launch"] = round(float(started_at) - float(launched_at), 3)
     for phase in PHASES:
         if phase in marks and last is not None:
             timings[phase] = round(float(marks[phase]) - float(last), 3)
             last = marks[phase]
-    if started_at is not None:
-        timings["total"] = round(time.time() - float(started_at), 3)
+    origin = launched_at if launched_at is not None else started_at
+    if origin is not None:
+        timings["total"] = round(time.time() - float(origin), 3)
+        if first_output_at is not None:
+            timings["first_output"] = round(float(first_output_at) - float(origin), 3)
     return timings
 
 
@@ -327,6 +334,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
             "exit_code": res.get("exit_code"), "unreachable": bool(res.get("unreachable")),
             "error": res.get("error"), "last_line": res.get("last_line") or "",
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
+            "first_output_at": res.get("first_output_at"),
             "checked_at": res.get("checked_at"), "clock_offset": res.get("clock_offset"),
             "log": os.path.join(node_dir, "node.log") if os.path.exists(
                 os.path.join(node_dir, "node.log")) else None,
@@ -409,7 +417,11 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "run_dir": os.path.abspath(run_dir), "written_at": time.time(),
         "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
         "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
-        "timings": phase_timings(plan.get("started_at"), marks), "hosts": hosts,
+        "timings": phase_timings(
+            plan.get("started_at"), marks, plan.get("launched_at"),
+            min((h["first_output_at"] for h in hosts.values()
+                 if h.get("first_output_at") is not None), default=None)),
+        "hosts": hosts,
         "sync": _sync_total(hosts), "hang": hang,
         # The interconnect check of this run (or the measure it reused), without every node's
         # raw result (preflight.json has those).
