@@ -8,6 +8,31 @@ import pytest
 
 from ansible_collections.torchherd.cluster.plugins.modules import node_facts
 
+# /proc/driver/nvidia/gpus/0000:18:00.0/information as an H100 node's driver writes it.
+INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
+IRQ:   \t\t 163
+GPU UUID: \t GPU-5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d
+Video BIOS: \t 96.00.99.00.01
+Bus Type: \t PCIe
+DMA Size: \t 52 bits
+DMA Mask: \t 0xfffffffffffff
+Bus Location: \t 0000:18:00.0
+Device Minor: \t 0
+GPU Excluded:\t No
+"""
+
+
+def driver_dir(tmp_path, gpus):
+    """A recorded /proc/driver/nvidia with these {bus: information} GPUs."""
+    proc = tmp_path / "nvidia"
+    for bus, text in gpus.items():
+        (proc / "gpus" / bus).mkdir(parents=True)
+        (proc / "gpus" / bus / "information").write_text(text)
+    (proc / "version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
+                                  "570.124.06  Release Build  Tue Feb 25 04:08:58 UTC 2025\n")
+    return str(proc)
+
+
 GOOD = ({"path": sys.executable, "version": "3.11.2"},
         {"version": "2.13.0+cpu", "cuda": None, "error": None})
 
@@ -16,7 +41,7 @@ GOOD = ({"path": sys.executable, "version": "3.11.2"},
 def probes(monkeypatch):
     calls = []
 
-    def fake(python, timeout):
+    def fake(python, timeout, nvml=False):
         calls.append(python)
         return GOOD[0], dict(GOOD[1])
 
@@ -67,7 +92,7 @@ def test_an_expired_or_failed_probe_is_not_reused(tmp_path, probes, monkeypatch)
     cache.write_text(json.dumps(entries))
     assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
     cache.unlink()
-    monkeypatch.setattr(node_facts, "probe_torch", lambda python, timeout: (
+    monkeypatch.setattr(node_facts, "probe_torch", lambda python, timeout, nvml=False: (
         GOOD[0], {"version": None, "error": "ModuleNotFoundError: No module named 'torch'"}))
     node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     assert not cache.exists()
@@ -95,18 +120,72 @@ def test_the_fingerprint_in_process_is_the_one_of_a_subprocess(tmp_path):
 
 
 def test_a_node_with_an_nvidia_driver_hits_the_cache(tmp_path, probes, monkeypatch):
-    # The driver's files as on a GPU machine: the fingerprint then holds the GPUs, and read
-    # back from the cache (JSON) it must still equal a fresh one.
-    driver = tmp_path / "driver"
-    (driver / "gpus" / "0000:18:00.0").mkdir(parents=True)
-    (driver / "gpus" / "0000:18:00.0" / "information").write_text("Model: NVIDIA H100 80GB HBM3\n")
-    (driver / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module 580.95.05\n")
-    monkeypatch.setattr(node_facts, "NVIDIA_PROC", str(driver))
+    """The real fingerprint on a recorded driver (its GPUs' information files), stored in the
+    cache and read back (JSON: lists, never tuples), equals a fresh one: a hit. Another GPU or
+    another torch is a miss."""
+    monkeypatch.setattr(node_facts, "NVIDIA_PROC",
+                        driver_dir(tmp_path, {"0000:18:00.0": INFORMATION}))
+    # Another spelling of this interpreter: the fingerprint runs in a subprocess, which finds
+    # the torch on PYTHONPATH, a stand-in whose files can change as a reinstall changes them.
+    python = os.path.join(os.path.dirname(sys.executable), ".", os.path.basename(sys.executable))
+    torch = tmp_path / "site" / "torch"
+    torch.mkdir(parents=True)
+    (torch / "__init__.py").write_text("")
+    (torch / "version.py").write_text("__version__ = '2.13.0+cu130'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     root = tmp_path / "root"
-    _, first = node_facts.cached_probe(sys.executable, 30, str(root), 3600)
-    _, second = node_facts.cached_probe(sys.executable, 30, str(root), 3600)
+    _, first = node_facts.cached_probe(python, 30, str(root), 3600)
+    _, second = node_facts.cached_probe(python, 30, str(root), 3600)
     assert (first["cached"], second["cached"]) == (False, True)
     assert len(probes) == 1
+    stored, = json.loads((root / ".torch-probe.json").read_text()).values()
+    assert stored["key"]["gpus"] == [["0000:18:00.0", INFORMATION]]
+    assert stored["key"]["interpreter"][2] == str(torch / "__init__.py")
+    # Another torch (a reinstall writes its files anew): a miss, then a hit again.
+    (torch / "version.py").write_text("__version__ = '2.13.1+cu130'  # reinstalled\n")
+    assert node_facts.cached_probe(python, 30, str(root), 3600)[1]["cached"] is False
+    assert node_facts.cached_probe(python, 30, str(root), 3600)[1]["cached"] is True
     # A GPU more (or other) is another machine as far as the probe is concerned.
-    (driver / "gpus" / "0000:2a:00.0").mkdir()
-    assert node_facts.cached_probe(sys.executable, 30, str(root), 3600)[1]["cached"] is False
+    second_gpu = tmp_path / "nvidia" / "gpus" / "0000:2a:00.0"
+    second_gpu.mkdir()
+    (second_gpu / "information").write_text(INFORMATION.replace("18:00.0", "2a:00.0"))
+    assert node_facts.cached_probe(python, 30, str(root), 3600)[1]["cached"] is False
+    assert len(probes) == 3
+
+
+def test_the_gpus_come_from_the_driver_and_torch_creates_no_cuda_context(tmp_path, monkeypatch):
+    """With the driver's files, the probe runs in NVML mode (torch's own count, no device
+    properties, which would initialize CUDA) and the GPUs are the driver's, CUDA_VISIBLE_DEVICES
+    applied; without them (this machine), torch is asked as before."""
+    asked = []
+
+    def fake(python, timeout, nvml=False):
+        asked.append(nvml)
+        return GOOD[0], dict(GOOD[1], cuda="13.0", cuda_available=True, gpu_count=1, gpus=[])
+
+    monkeypatch.setattr(node_facts, "probe_torch", fake)
+    monkeypatch.setattr(node_facts, "NVIDIA_PROC", driver_dir(tmp_path, {
+        "0000:18:00.0": INFORMATION,
+        "0000:2a:00.0": INFORMATION.replace("5d6c7f6a", "0a1b2c3d").replace("18:00.0", "2a:00.0")}))
+    monkeypatch.setattr(node_facts.shutil, "which", lambda name, *a, **k: None)  # no nvidia-smi
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    _, torch = node_facts.probe(sys.executable, 30)
+    assert asked == [True]
+    assert torch["gpus_from"] == "proc" and torch["driver"] == "570.124.06"
+    assert [(g["index"], g["uuid"][:8], g["bus"]) for g in torch["gpus"]] == [
+        (0, "0a1b2c3d", "0000:2a:00.0")]
+    # MIG instances only CUDA resolves: torch lists them, as without a driver's files.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d")
+    assert node_facts.probe(sys.executable, 30)[1]["gpus_from"] == "torch"
+    monkeypatch.setattr(node_facts, "NVIDIA_PROC", str(tmp_path / "none"))
+    _, torch = node_facts.probe(sys.executable, 30)
+    assert asked == [True, False, False]
+    assert torch["gpus_from"] == "torch" and torch["driver"] is None
+
+
+def test_the_nvml_probe_runs_in_a_real_torch(tmp_path):
+    """The probe program with its NVML argument in this venv's torch (a CPU build): it answers,
+    and a CPU build sees no GPU whatever the driver lists."""
+    py, torch = node_facts.probe_torch(sys.executable, 120, nvml=True)
+    assert py["error"] is None and torch["error"] is None, torch
+    assert torch["version"].startswith("2.") and torch["gpu_count"] == 0 and torch["gpus"] == []

@@ -16,6 +16,11 @@ description:
   - Replaces C(gather_facts) for launches, with one module call per node and nothing else.
   - The torch probe runs in a subprocess of the job's interpreter, which may differ from the
     one running this module (a venv, say).
+  - The GPUs are read without CUDA, from C(nvidia-smi --query-gpu) or else the NVIDIA driver's
+    files under C(/proc/driver/nvidia), with C(CUDA_VISIBLE_DEVICES) applied; the torch probe
+    then counts them through NVML and creates no CUDA context. Only where neither is there, or
+    C(CUDA_VISIBLE_DEVICES) names MIG instances (or indices among GPUs of other models without
+    C(CUDA_DEVICE_ORDER=PCI_BUS_ID)), does torch's CUDA list them.
 extends_documentation_fragment:
   - torchherd.cluster._attributes
   - torchherd.cluster._attributes.INFO_MODULE
@@ -45,9 +50,10 @@ options:
       - Reuse the last successful torch probe of this interpreter for this long; 0 probes every time.
       - Importing torch costs seconds of CPU on every node and launch. The cached answer is used
         only while everything it depends on is unchanged - the interpreter, the torch install
-        (its files' times), C(LD_LIBRARY_PATH), C(CUDA_VISIBLE_DEVICES), the NVIDIA driver
-        version and the GPUs the driver lists (model, UUID, bus) - so a reinstall, a driver update
-        or a GPU gone missing probes again.
+        (its files' times), C(LD_LIBRARY_PATH), C(CUDA_VISIBLE_DEVICES), C(CUDA_DEVICE_ORDER),
+        the NVIDIA driver version and the GPUs the driver lists (model, UUID, bus) - so a
+        reinstall, a driver update or a GPU gone missing probes again. The GPUs' persistence and
+        compute modes are as that probe read them.
       - Stored in C(<root>/.torch-probe.json).
     type: int
     default: 0
@@ -111,17 +117,27 @@ torch:
     - The torch build of the job interpreter; C(error) says why it could not be imported.
     - C(launchers) has the installed version of every launcher that torch does not bring
       (accelerate, deepspeed) for that interpreter, null where one is not installed.
+    - C(gpus) are the GPUs the job sees (C(CUDA_VISIBLE_DEVICES) applied), each with C(index),
+      C(uuid) (without the C(GPU-) prefix), C(name), C(memory_bytes), C(bus),
+      C(persistence_mode) and C(compute_mode) (null where their source does not say);
+      C(gpus_from) says where they were read (C(nvidia-smi), C(proc), or C(torch), whose
+      entries have the first four only) and C(driver) is the NVIDIA driver's version (null
+      without one). C(gpu_count) is torch's count.
   returned: always
   type: dict
   sample:
-    version: 2.13.0+cpu
+    version: 2.13.0+cu130
     cached: false
-    cuda: null
-    cuda_available: false
-    gpu_count: 0
-    gpus: []
-    nccl: null
-    nccl_available: false
+    cuda: "13.0"
+    cuda_available: true
+    gpu_count: 1
+    gpus:
+      - {index: 0, uuid: 5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d, name: NVIDIA H100 80GB HBM3,
+         memory_bytes: 85520809984, bus: null, persistence_mode: true, compute_mode: Default}
+    gpus_from: nvidia-smi
+    driver: 570.124.06
+    nccl: 2.28.9
+    nccl_available: true
     launchers: {accelerate: 1.15.0, deepspeed: null}
     gloo_available: true
     error: null
@@ -198,6 +214,11 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
+from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
+    gpu_files,
+    read_gpus,
+    visible,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import distributions
 from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import (
     interfaces,
@@ -223,9 +244,14 @@ def launcher_versions():
     return found
 """
 
-# Printed as one JSON line by the job interpreter; stays importable on Python 3.8+.
+# Printed as one JSON line by the job interpreter; stays importable on Python 3.8+. With the
+# argument "nvml" (the module read the GPUs from the driver), torch counts them through NVML
+# (torch's documented PYTORCH_NVML_BASED_CUDA_CHECK) and nothing here initializes CUDA.
 TORCH_PROBE = LAUNCHER_VERSIONS + r"""
-import json, platform, sys
+import json, os, platform, sys
+nvml = sys.argv[1:] == ["nvml"]
+if nvml:
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 out = {"python": {"path": sys.executable, "version": platform.python_version()}}
 try:
     import torch
@@ -235,7 +261,7 @@ try:
          "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
          "gloo_available": bool(dist.is_available() and dist.is_gloo_available()), "error": None}
     t["gpu_count"] = torch.cuda.device_count() if t["cuda_available"] else 0
-    for i in range(t["gpu_count"]):
+    for i in range(0 if nvml else t["gpu_count"]):
         p = torch.cuda.get_device_properties(i)
         t["gpus"].append({"index": i, "name": p.name, "memory_bytes": int(p.total_memory),
                           "uuid": str(getattr(p, "uuid", "") or "")})
@@ -274,6 +300,9 @@ def describe():
 
 # The NVIDIA driver's files: its version and one directory per GPU (read without a CUDA context).
 NVIDIA_PROC = "/proc/driver/nvidia"
+# What changes the GPUs or the libraries the job's torch finds.
+FINGERPRINT_ENV = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME",
+                   "NCCL_HOME")
 
 
 def _read(path):
@@ -299,13 +328,10 @@ def fingerprint(python, timeout):
             interp = json.loads(proc.stdout.strip().splitlines()[-1])
         except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
             return None
-    gpus_dir = os.path.join(NVIDIA_PROC, "gpus")
-    gpus = sorted([bus, _read(os.path.join(gpus_dir, bus, "information"))]
-                  for bus in (os.listdir(gpus_dir) if os.path.isdir(gpus_dir) else []))
+    gpus = sorted([bus, text] for bus, text in (gpu_files(NVIDIA_PROC) or {}).items())
     devs = sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
     key = {"probe": hashlib.sha256(TORCH_PROBE.encode()).hexdigest(), "interpreter": interp,
-           "env": [os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
-                                               "CUDA_HOME", "NCCL_HOME")],
+           "env": [os.environ.get(k) for k in FINGERPRINT_ENV],
            "driver": _read(os.path.join(NVIDIA_PROC, "version")), "gpus": gpus, "devices": devs}
     # As the cache keeps it (JSON: lists, never tuples), so that an unchanged node compares
     # equal: with a GPU's tuple in it the cache never hit on a machine with an NVIDIA driver.
@@ -313,10 +339,10 @@ def fingerprint(python, timeout):
 
 
 def cached_probe(python, timeout, root, max_age):
-    """probe_torch, reusing the last good answer while its fingerprint is unchanged."""
+    """probe, reusing the last good answer while its fingerprint is unchanged."""
     key = fingerprint(python, timeout) if max_age > 0 else None
     if key is None:
-        py, torch = probe_torch(python, timeout)
+        py, torch = probe(python, timeout)
         return py, dict(torch, cached=False)
     # One file per root; a root on a shared file system holds one entry per node.
     name = f"{socket.gethostname()} {python}"
@@ -328,7 +354,7 @@ def cached_probe(python, timeout, root, max_age):
             return entry["python"], dict(entry["torch"], cached=True)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    py, torch = probe_torch(python, timeout)
+    py, torch = probe(python, timeout)
     if torch.get("version") and not torch.get("error"):
         try:
             with open(path, encoding="utf-8") as handle:
@@ -349,10 +375,29 @@ def cached_probe(python, timeout, root, max_age):
     return py, dict(torch, cached=False)
 
 
-def probe_torch(python, timeout):
+def probe(python, timeout):
+    """The job interpreter's torch (probe_torch) with the GPUs the driver lists (see _gpus):
+    torch's CUDA lists them only where neither nvidia-smi nor the driver's files are there, or
+    where CUDA_VISIBLE_DEVICES names them in a way that only CUDA can resolve."""
+    driver = read_gpus(NVIDIA_PROC)
+    shown = None if driver is None else visible(
+        driver["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"),
+        os.environ.get("CUDA_DEVICE_ORDER"))
+    py, torch = probe_torch(python, timeout, nvml=shown is not None)
+    if torch.get("version"):
+        torch["driver"] = driver["driver"] if driver else None
+        torch["gpus_from"] = "torch" if shown is None else driver["source"]
+        if shown is not None:
+            # torch's own count (NVML's, CUDA_VISIBLE_DEVICES applied) says how many the job
+            # gets; a CPU build of torch gets none.
+            torch["gpus"] = shown if torch.get("cuda_available") else []
+    return py, torch
+
+
+def probe_torch(python, timeout, nvml=False):
     try:
-        proc = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run([python, "-c", TORCH_PROBE] + (["nvml"] if nvml else []),
+                              capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:
         err = f"interpreter {python} not found"
         return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
