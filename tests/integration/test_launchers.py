@@ -63,6 +63,21 @@ def test_accelerate_makes_one_world_of_every_node(cluster3, tmp_path):
     assert_nothing_left(cluster3)
 
 
+def test_accelerate_with_one_process_in_all_runs_without_multi_gpu(cluster3, tmp_path):
+    """One node of one process, as on a machine with one GPU: accelerate refuses --multi_gpu
+    below two processes, so the start leaves it out and accelerate runs the script itself."""
+    node = cluster3.nodes[0].name
+    result = launch(job("acc-one", nproc_per_node=1, nodes=[node]), cluster3.inventory,
+                    runs_dir=tmp_path)
+    assert result.ok, result.reason
+    log = (tmp_path / "acc-one" / "nodes" / node / "node.log").read_text()
+    found = [m.groups() for m in LINE.finditer(log)]
+    assert [(f[0], f[2], f[4], f[9]) for f in found] == [("ok", "0", "1", "0")], log
+    argv = json.loads((tmp_path / "acc-one" / "nodes" / node / "cmd.json").read_text())
+    assert "--multi_gpu" not in argv and argv[argv.index("--num_processes") + 1] == "1"
+    assert_nothing_left(cluster3)
+
+
 def test_the_users_accelerate_config_is_honoured(cluster3, tmp_path):
     code = tmp_path / "code"
     shutil.copytree(EXAMPLES, code)

@@ -74,3 +74,28 @@ def test_node_facts_reads_the_version_of_every_launchers_distribution():
     assert scope["launcher_versions"]() == {"somelauncher": pytest.__version__}
     assert node_facts.TORCH_PROBE.startswith(node_facts.LAUNCHER_VERSIONS)
     assert node_facts.FINGERPRINT.startswith(node_facts.LAUNCHER_VERSIONS)
+
+
+ACCELERATE = {"nnodes": "2", "nproc_per_node": 2, "node_rank": 1, "master_addr": "10.0.0.1",
+              "master_port": 29500, "max_restarts": 0}
+
+
+def test_accelerate_on_two_nodes_of_two_processes_is_one_multi_process_world():
+    argv = LAUNCHERS["accelerate"].argv(ACCELERATE, {"torchrun_logs": "/r/logs"}, "/v/python")
+    assert argv == ["/v/python", "-m", "accelerate.commands.launch", "--multi_gpu",
+                    "--same_network", "--num_machines", "2", "--machine_rank", "1",
+                    "--num_processes", "4", "--main_process_ip", "10.0.0.1",
+                    "--main_process_port", "29500", "--max_restarts", "0",
+                    "--log_dir", "/r/logs", "--tee", "3"]
+
+
+def test_accelerate_with_one_process_in_all_leaves_out_the_multi_process_flags():
+    # accelerate refuses --multi_gpu below 2 processes; one machine has no rank or master.
+    one = dict(ACCELERATE, nnodes="1", nproc_per_node=1, node_rank=0)
+    argv = LAUNCHERS["accelerate"].argv(one, {"torchrun_logs": "/r/logs"}, "/v/python")
+    assert argv == ["/v/python", "-m", "accelerate.commands.launch", "--num_machines", "1",
+                    "--num_processes", "1", "--main_process_port", "29500",
+                    "--max_restarts", "0", "--log_dir", "/r/logs", "--tee", "3"]
+    # One node of two processes is still accelerate's multi-process mode.
+    two = LAUNCHERS["accelerate"].argv(dict(one, nproc_per_node=2), {"torchrun_logs": "/l"}, "p")
+    assert "--multi_gpu" in two and two[two.index("--num_processes") + 1] == "2"

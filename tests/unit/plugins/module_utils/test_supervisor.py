@@ -40,7 +40,7 @@ DEFAULTS = {
     "master_addr": "127.0.0.1",
     "master_port": 29500, "rdzv": "static", "max_restarts": 0, "rdzv_conf": {}, "env": {},
     "secret_env": {}, "timeout": 0, "grace": 10, "meta": {}, "wrapper": [],
-    "launcher": "torchrun", "launcher_args": [], "use_cpu": False,
+    "launcher": "torchrun", "launcher_args": [], "use_cpu": False, "torch_version": "",
 }
 
 
@@ -369,6 +369,27 @@ def test_nccl_jobs_keep_a_flight_recorder_the_users_settings_win():
     env, _shown = job_env(params(env={"TORCHHERD_BACKEND": "gloo"}), "/d", {})
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
     assert env["TORCHHERD_PROGRESS_FILE"] == "/d/progress"
+
+
+@pytest.mark.parametrize("version, name, other", [
+    ("2.10.1+cu128", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"),
+    ("", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"),  # unknown: every torch reads it
+    ("2.11.0+cu130", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ("2.13.0a0+git1234", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ("3.0.0", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+])
+def test_the_flight_recorder_is_sized_under_the_name_the_jobs_torch_reads(version, name, other):
+    """torch 2.11 and later warn on every NCCL process group where the old name is set, even
+    beside the new one: only one of them is set, by the node's torch version."""
+    env, shown = job_env(params(env={"TORCHHERD_BACKEND": "nccl"}, torch_version=version),
+                         "/d", {})
+    assert env[name] == shown[name] == "2000"
+    assert other not in env
+    # The user's size under either name wins: torch would prefer ours under the new name.
+    for users in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"):
+        env, _shown = job_env(params(env={"TORCHHERD_BACKEND": "nccl", users: "0"},
+                                     torch_version=version), "/d", {})
+        assert env[users] == "0" and [k for k in env if k.endswith("BUFFER_SIZE")] == [users]
 
 
 def background(port, listen, expect=2, window=10):

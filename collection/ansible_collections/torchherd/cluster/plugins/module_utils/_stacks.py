@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -20,17 +21,38 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import j
 # What the start exports for NCCL jobs (a user's own value wins): a record of the last
 # collectives in every rank, dumped on a watchdog timeout and on demand through a pipe.
 FLIGHT_RECORDER_BUFFER = "2000"
+# The torch that sizes the record by TORCH_FR_BUFFER_SIZE and warns on every NCCL process
+# group that TORCH_NCCL_TRACE_BUFFER_SIZE "is deprecated; use TORCH_FR_BUFFER_SIZE instead"
+# (torch reads both names in one list and warns about the old one even beside the new).
+FR_BUFFER_RENAMED = (2, 11)
+BUFFER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
-def flight_recorder_env(directory):
+def _torch_release(version):
+    """(major, minor) of a torch version string (2.13.0+cu130, 2.11.0a0+git...), or None."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def flight_recorder_env(directory, torch_version=None, given=()):
     """The environment that makes every NCCL rank keep a Flight Recorder and dump it into
     `directory` (rank_<N>) when its pipe (pipe_<N>.pipe) is written to or its watchdog times out.
-    Both the older and newer names of the dump prefix are set; each torch reads its own."""
+
+    The buffer's size goes under the name the job's torch (`torch_version`, from the node's
+    facts) reads without a warning; the older name where the version is unknown, which every
+    torch reads. Left out where the job's environment (`given`: its names) sizes it already
+    under either name: torch prefers the new name, so ours would override the user's old one.
+    Both names of the dump prefix are set: torch reads each alone (no warning), one for the
+    fixed file names and one for the dynamic ones."""
     prefix = os.path.join(directory, "rank_")
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER,
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
-            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(directory, "pipe_")}
+    env = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(directory, "pipe_")}
+    if not set(BUFFER_NAMES) & set(given):
+        release = _torch_release(torch_version)
+        renamed = release is not None and release >= FR_BUFFER_RENAMED
+        env[BUFFER_NAMES[0 if renamed else 1]] = FLIGHT_RECORDER_BUFFER
+    return env
 
 
 class StacksError(Exception):
@@ -50,10 +72,11 @@ def find_py_spy(python):
     """py_spy_path, or StacksError with the fix."""
     found = py_spy_path(python)
     if not found:
+        install = f"{python} -m pip install py-spy" if python else "pip install py-spy"
         raise StacksError(
-            f"py-spy not found next to {python or 'the job interpreter'} or on PATH; fix: "
-            f"pip install py-spy into the job's environment on every node (a static binary, "
-            f"no build)")
+            f"py-spy: expected py-spy next to {python or 'the job interpreter'} or on PATH, "
+            f"found neither; fix: {install} into the job's environment on every node (a "
+            f"static binary, no build)")
     return found
 
 

@@ -86,7 +86,8 @@ def job_env(p, run_dir, environ):
     if str(p["env"].get("TORCHHERD_BACKEND")) == "nccl":
         # Every rank keeps a record of its last collectives and dumps it when asked (stacks)
         # or when its watchdog times out: where a hung job's ranks were in NCCL.
-        launcher_env.update(flight_recorder_env(os.path.join(run_dir, "flight_recorder")))
+        launcher_env.update(flight_recorder_env(os.path.join(run_dir, "flight_recorder"),
+                                                p["torch_version"], set(env) | set(p["env"])))
     env.update(launcher_env)
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({k: str(v) for k, v in p["secret_env"].items()})

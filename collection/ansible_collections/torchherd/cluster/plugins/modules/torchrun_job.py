@@ -67,11 +67,12 @@ options:
       - V(torchrun), C(python -m torch.distributed.run); V(accelerate), C(python -m
         accelerate.commands.launch --multi_gpu) with the plan's machine rank, machine count,
         total process count, main process address and port (and C(ACCELERATE_USE_CPU=1) with
-        O(use_cpu)); V(deepspeed), C(python -m deepspeed.launcher.launch) with the node rank,
+        O(use_cpu)), or with one process in all no C(--multi_gpu) (accelerate refuses it) and
+        accelerate runs the script itself; V(deepspeed), C(python -m deepspeed.launcher.launch) with the node rank,
         master address and port and a world description of O(nnodes) nodes of
         O(nproc_per_node) processes each.
       - accelerate runs torch.distributed.run in its own process, so its per-rank logs and error
-        files are torchrun's; DeepSpeed's launcher writes no per-rank files (its ranks' output is
+        files are torchrun's (with one process in all, its output is in the node log); DeepSpeed's launcher writes no per-rank files (its ranks' output is
         in the node log).
     type: str
     default: torchrun
@@ -85,6 +86,13 @@ options:
     description: The node has no GPU (accelerate's multi-process mode then needs C(ACCELERATE_USE_CPU=1)).
     type: bool
     default: false
+  torch_version:
+    description:
+      - The torch version of the job's interpreter (the node's facts); it names the variable
+        that sizes the Flight Recorder of an NCCL job (C(TORCH_FR_BUFFER_SIZE) from torch 2.11
+        on, C(TORCH_NCCL_TRACE_BUFFER_SIZE) before). Empty means the older name.
+    type: str
+    default: ""
   script:
     description: Training script, relative to O(chdir) or absolute. Required with O(state=started).
     type: str
@@ -733,6 +741,7 @@ def main():
                           choices=list(LAUNCHERS)),
             launcher_args=dict(type="list", elements="str", default=[]),
             use_cpu=dict(type="bool", default=False),
+            torch_version=dict(type="str", default=""),
             script=dict(type="str"),
             args=dict(type="list", elements="str", default=[]),
             chdir=dict(type="path"),

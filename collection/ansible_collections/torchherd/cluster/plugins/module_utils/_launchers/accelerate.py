@@ -33,12 +33,20 @@ def argv(p, paths, python):
     # or, with ACCELERATE_USE_CPU=1 from env(), CPU with gloo); --same_network gives it the
     # static rendezvous with this node's rank. --num_processes counts every node's processes.
     nnodes = int(p["nnodes"])
-    return [python, "-m", "accelerate.commands.launch", "--multi_gpu", "--same_network",
-            "--num_machines", str(nnodes), "--machine_rank", str(p["node_rank"]),
-            "--num_processes", str(nnodes * p["nproc_per_node"]),
-            "--main_process_ip", p["master_addr"], "--main_process_port", str(p["master_port"]),
-            "--max_restarts", str(p["max_restarts"]),
-            "--log_dir", paths["torchrun_logs"], "--tee", "3"]
+    total = nnodes * p["nproc_per_node"]
+    argv = [python, "-m", "accelerate.commands.launch"]
+    if total > 1:
+        argv += ["--multi_gpu", "--same_network", "--num_machines", str(nnodes),
+                 "--machine_rank", str(p["node_rank"]), "--num_processes", str(total),
+                 "--main_process_ip", p["master_addr"]]
+    else:
+        # One process in all: accelerate refuses --multi_gpu ("at least 2 processes") and runs
+        # the script itself, as its own child. A config file of the user's that asks for
+        # multi-GPU still gets torch.distributed.run, with the options below.
+        argv += ["--num_machines", "1", "--num_processes", "1"]
+    return argv + ["--main_process_port", str(p["master_port"]),
+                   "--max_restarts", str(p["max_restarts"]),
+                   "--log_dir", paths["torchrun_logs"], "--tee", "3"]
 
 
 def env(p):
