@@ -102,7 +102,6 @@ def test_port_not_an_integer_is_refused_in_ansibles_words(port):
 def test_a_job_that_skipped_role_validation_is_refused_not_crashed_on():
     fails(r"Validation of arguments failed:\n.*\ntorchherd_job\.nproc\. Supported parameters",
           nproc=2, firewall="maybe")
-    fails("missing required arguments: script", script=None)
 
 
 @pytest.mark.parametrize("port", [1, 1024, 65535, "29501"])
@@ -121,6 +120,14 @@ def test_unknown_master():
 
 def test_missing_script():
     fails("job.script: expected the training script", script="")
+    fails("job.script: expected the training script", script=None)
+
+
+def test_verify_without_a_job_plans_the_nodes():
+    p = plan({}, GROUPS, HOSTVARS, playbook="verify")
+    assert [n["host"] for n in p["nodes"]] == ["a", "b", "c"] and p["job"]["script"] == ""
+    with pytest.raises(AnsibleFilterError, match="job.script: expected"):
+        plan({}, GROUPS, HOSTVARS, playbook="launch")
 
 
 def test_every_problem_is_reported_at_once():
@@ -294,3 +301,30 @@ def test_accelerate_needs_the_same_process_count_everywhere():
     hostvars = dict(HOSTVARS, b={"ansible_host": "10.0.0.2", "torchherd_nproc_per_node": 2})
     fails("same count on every node with launcher accelerate", hostvars=hostvars,
           nproc_per_node=1, launcher="accelerate")
+
+
+def test_an_absolute_script_inside_code_src_runs_relative_to_the_code_directory(tmp_path):
+    # The nodes run the script in their copy of code_src: the controller's path means nothing
+    # there.
+    (tmp_path / "code" / "jobs").mkdir(parents=True)
+    p = run(script=str(tmp_path / "code" / "jobs" / "train.py"), code_src=str(tmp_path / "code"))
+    assert p["job"]["script"] == "jobs/train.py"
+    assert p["job"]["name"] == "train"
+    # code_src through a link, and a script that links out of it, are the code's all the same.
+    (tmp_path / "link").symlink_to(tmp_path / "code")
+    (tmp_path / "code" / "run.py").symlink_to(tmp_path / "elsewhere.py")
+    assert run(script=str(tmp_path / "code" / "run.py"),
+               code_src=str(tmp_path / "link"))["job"]["script"] == "run.py"
+    # A relative script is the user's as given.
+    assert run(script="jobs/train.py", code_src=str(tmp_path / "code"))["job"]["script"] \
+        == "jobs/train.py"
+
+
+def test_an_absolute_script_outside_code_src_is_refused_before_any_node(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "codex").mkdir()  # a sibling whose name starts like code_src's is outside it
+    for outside in (tmp_path / "elsewhere" / "train.py", tmp_path / "codex" / "train.py"):
+        msg = fails("job.script: expected a path inside code_src", script=str(outside),
+                    code_src=str(tmp_path / "code"))
+        assert f"code_src {tmp_path / 'code'} (the directory synced to the nodes), " \
+               f"found {outside}; fix: put the script under code_src" in msg

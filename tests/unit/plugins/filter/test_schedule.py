@@ -36,7 +36,7 @@ JOBS = {
 }
 
 
-def expected(forks, barrier, job):
+def expected(forks, barrier, job, live=0):
     """The rules, written out once more the plain way, to hold the filter to them."""
     together = forks == "all"
     hang, elastic = "hang_timeout" in job, job.get("rdzv") == "c10d"
@@ -57,22 +57,26 @@ def expected(forks, barrier, job):
         "once": detach,
         "if_gang_incomplete": "watch_every_node" if alone else "nothing",
         "teardown": "none" if detach else "nodes_with_rules",
+        # One wait speaks for the job: a live view gets word in its rounds, else the job's.
+        "round": 0 if detach else live if live and alone and not hang else 3600,
     }
 
 
-@pytest.mark.parametrize("forks,barrier,kind", list(itertools.product(FORKS, [True, False], JOBS)))
-def test_truth_table(forks, barrier, kind):
-    s = schedule(planned(barrier, **JOBS[kind]), FORKS[forks])
+@pytest.mark.parametrize("forks,barrier,kind,live",
+                         list(itertools.product(FORKS, [True, False], JOBS, [0, 5])))
+def test_truth_table(forks, barrier, kind, live):
+    s = schedule(planned(barrier, **JOBS[kind]), FORKS[forks], progress_every=live)
     got = {
         "all_at_once": s["all_at_once"], "forks_ok": s["forks_ok"], "barrier": s["barrier"],
         "gang": s["gang"], "start_opens": s["firewall"]["start_opens"],
         "hosts": s["watch"]["hosts"], "strategy": s["watch"]["strategy"],
         "stops_all": s["watch"]["stops_all"], "once": s["watch"]["once"],
         "if_gang_incomplete": s["watch"]["if_gang_incomplete"], "teardown": s["teardown"],
+        "round": s["watch"]["round"],
     }
-    assert got == expected(forks, barrier, JOBS[kind])
+    assert got == expected(forks, barrier, JOBS[kind], live)
     # Every decision says why.
-    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown"}
+    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round"}
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -134,3 +138,8 @@ def test_a_job_started_on_verifys_plan_is_watched_on_every_node():
     s = schedule(planned(), 4, playbook="verify")
     assert s["watch"]["hosts"] == HOSTS and not s["watch"]["master_alone"]
     assert s["watch"]["if_gang_incomplete"] == "nothing"
+
+
+def test_a_live_view_never_lengthens_a_shorter_watch_interval():
+    s = schedule(planned(watch_interval=2), 4, progress_every=5)
+    assert s["watch"]["round"] == 2

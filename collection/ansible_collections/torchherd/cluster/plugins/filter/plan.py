@@ -18,8 +18,9 @@ description:
     (ansible-core's C(ArgumentSpecValidator)), as the role and the driver do, so that all three
     coerce the same way and fill in the same defaults from one definition of the job.
   - Fails with one message listing every problem (empty group, host listed twice, two hosts with
-    one address, port out of range, bad nproc_per_node, unknown master) before any node is touched.
-positional: _input, groups, hostvars, run_id
+    one address, port out of range, bad nproc_per_node, unknown master, a script outside
+    code_src) before any node is touched.
+positional: _input, groups, hostvars, run_id, playbook
 options:
   _input:
     description: The job (C(torchherd_job)).
@@ -43,6 +44,13 @@ options:
     description: Run id for a job that names none (the role generates it); the job's own wins.
     type: str
     default: ""
+  playbook:
+    description:
+      - The playbook the plan is for. A C(launch) needs the job's script; a C(verify) checks the
+        nodes also without one (a job-less verify).
+    type: str
+    default: launch
+    choices: [launch, verify]
 """
 
 EXAMPLES = r"""
@@ -257,7 +265,26 @@ def _firewall(name, hv, job, addresses, master, port, problems):
     }
 
 
-def plan(job, groups, hostvars, run_id=""):
+def _script(script, code_src, problems):
+    """The script as the nodes run it: relative to the code directory the sync fills. The
+    start runs it there, so an absolute path inside code_src becomes relative to it, and one
+    outside would never reach the nodes (only the code directory is synced): a problem."""
+    if not os.path.isabs(script):
+        return script
+    src = os.path.realpath(os.path.expanduser(code_src or "."))
+    # The directory resolved as code_src is, the file not: a link in code_src is the code's.
+    inside = os.path.relpath(os.path.join(os.path.realpath(os.path.dirname(script)),
+                                          os.path.basename(script)), src)
+    if inside == os.pardir or inside.startswith(os.pardir + os.sep):
+        problems.append(f"job.script: expected a path inside code_src {src} (the directory "
+                        f"synced to the nodes), found {script}; fix: put the script under "
+                        f"code_src and give its path relative to it, or set code_src to a "
+                        f"directory that holds it")
+        return script
+    return inside
+
+
+def plan(job, groups, hostvars, run_id="", playbook="launch"):
     """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem.
 
     ``run_id`` is the one the plan role generates for a job that names none: the filter
@@ -270,9 +297,10 @@ def plan(job, groups, hostvars, run_id=""):
     problems = []
 
     script = str(merged.get("script") or "").strip()
-    if not script:
+    if not script and playbook != "verify":
         problems.append("job.script: expected the training script's path, found nothing; "
                         "fix: set torchherd_job.script (e.g. train.py)")
+    script = _script(script, merged["code_src"], problems)
 
     group = merged["node_group"]
     members = list(groups.get(group) or [])
@@ -417,6 +445,7 @@ def plan(job, groups, hostvars, run_id=""):
                                  + "\n  - ".join(problems))
 
     merged["name"] = name
+    merged["script"] = script
     merged["nproc_per_node"] = nproc
     root_of = {h: str(hvs[h].get("torchherd_root") or DEFAULT_ROOT) for h in nodes}
     uniform = list(dict.fromkeys(nprocs.values()))

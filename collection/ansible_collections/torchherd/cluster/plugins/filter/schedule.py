@@ -46,6 +46,16 @@ options:
     type: str
     default: launch
     choices: [launch, verify]
+  progress_every:
+    description:
+      - How often the caller wants word of a running job (seconds; 0, the default, asks
+        nothing), for a live view such as the driver's table on a terminal.
+      - The watch's round (C(watch.round)) is then at most this long where one wait speaks for
+        the job (the master alone, or a single node), one task per round. Where every node is
+        watched, or under the hang watch, the rounds stay the job's C(watch_interval), as a
+        round on every node costs the controller a task per node.
+    type: float
+    default: 0
 """
 
 EXAMPLES = r"""
@@ -115,6 +125,10 @@ _value:
           description: What follows when a node could not join the master's gang,
             C(watch_every_node) or C(nothing).
           type: str
+        round:
+          description: Seconds one wait may last before it returns with the job still running
+            (the job's C(watch_interval), shorter for O(progress_every)); 0 where it looks once.
+          type: float
     teardown:
       description: Which nodes the teardown visits, C(nodes_with_rules) (those whose rules are
         still in place after the watch) or C(none) (a detached launch keeps its rules until stop
@@ -141,7 +155,7 @@ def _needs_every_node(plan, playbook):
     return needs
 
 
-def schedule(plan, forks, playbook="launch"):
+def schedule(plan, forks, playbook="launch", progress_every=0):
     if not isinstance(plan, dict) or "nodes" not in plan or "job" not in plan:
         raise AnsibleFilterError("schedule: expected the plan (torchherd_plan), found "
                                  f"{type(plan).__name__}")
@@ -204,6 +218,20 @@ def schedule(plan, forks, playbook="launch"):
         "once": detach,
         "if_gang_incomplete": "watch_every_node" if master_alone and len(hosts) > 1 else "nothing",
     }
+    interval = float(job.get("watch_interval") or 0)
+    progress_every = float(progress_every or 0)
+    if detach:
+        watch["round"] = 0
+        why["round"] = "detached: the watch looks once"
+    elif progress_every > 0 and len(watch["hosts"]) == 1 and not hang and interval > progress_every:
+        watch["round"] = progress_every
+        why["round"] = (f"a live view asked for word every {progress_every:g} s, and one wait "
+                        "speaks for the job: one task per round")
+    else:
+        watch["round"] = interval
+        why["round"] = "the job's watch_interval" + (
+            " (a live view's rounds on every node would cost a task per node each)"
+            if progress_every > 0 and interval > progress_every else "")
 
     start_opens = job.get("interconnect") != "always" and playbook == "launch"
     why["firewall"] = ("the start opens the rules in its own round trip where the job runs as "
