@@ -6,7 +6,13 @@ The driver talks to the collection only through ansible-runner and files (the jo
 argument_specs.yml, the run directory and its summary.json); it imports nothing from it.
 """
 
-from driver.api import (
+import time
+
+# When this process began running torchherd's code (Python's own start, some 30 ms, is not
+# counted): where the CLI's launch timings begin.
+STARTED_AT = time.time()
+
+from driver.api import (  # noqa: E402 (after the clock is read)
     Exit,
     HostResult,
     LogLine,
@@ -25,7 +31,7 @@ from driver.api import (
     stop,
     verify,
 )
-from driver.spec import JobSpecError, load_job
+from driver.spec import JobSpecError, load_job  # noqa: E402
 
 __all__ = [
     "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "RunHandle", "RunInfo",

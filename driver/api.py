@@ -17,6 +17,10 @@ job's fate (``on_interrupt``: stop it, or leave it running detached) and then re
 Runs live in ``<runs_dir>/<run_id>/`` (runs_dir defaults to ``runs`` in the current
 directory). A launch records its inventory there (driver.json), so status, stop, collect and
 logs need only the run id.
+
+Bad input (a job key, code_src, the inventory, a run id; or what the plan refuses) raises
+UsageError (JobSpecError for the job's keys) before any node is touched; a RunResult is what
+happened on the nodes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import json
 import queue
 import re
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,29 +38,42 @@ from pathlib import Path
 from typing import Any, Literal
 
 from driver.logs import LogLine, LogTail, parse_line, static_nproc
+from driver.prune import (
+    PrunedRun,
+    PruneReport,
+    busy_hold,
+    controller_only_hold,
+    nodes_hold,
+    select,
+    size_of,
+)
+from driver.prune import verdict as prune_verdict
 from driver.result import (
+    DRIVER_FILE,
     Exit,
     HostResult,
     RunInfo,
     RunResult,
     UsageError,
+    cancel_verdict,
     read_json,
     read_result,
     run_info,
+    stacks_verdict,
 )
 from driver.runner import Event, Outcome, run_playbook
-from driver.spec import JobSpecError, validate
+from driver.spec import JobSpecError, nproc_problem, validate
 
 __all__ = [
     "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "OnInterrupt", "RunHandle",
     "RunInfo", "RunResult", "UsageError", "act_async", "collect", "launch", "launch_async",
-    "logs", "runs", "stacks", "status", "stop", "verify", "verify_async",
+    "logs", "prune", "runs", "stacks", "status", "stop", "verify", "verify_async",
 ]
 
 OnInterrupt = Literal["stop", "detach"]
 Action = Literal["status", "stop", "collect", "stacks"]
-DRIVER_FILE = "driver.json"  # the driver's own note in a run directory: the inventory
 DEFAULT_RUNS_DIR = "runs"
+PRUNE_MODULE = "torchherd.cluster.prune_runs"  # whose answers the prune reads from events
 _END = object()
 
 
@@ -96,7 +114,12 @@ _HOST_KEY_FIX = (" (ssh host key check: expected the host key of {host} ({addres
 
 
 def _result(run_dir: Path, action: str, outcome: Outcome) -> RunResult:
-    return read_result(run_dir, action, outcome.rc, _first_message(outcome))
+    result = read_result(run_dir, action, outcome.rc, _first_message(outcome))
+    if result.state == "invalid":
+        # The plan refused the input (or Ansible the inventory) before any node was touched:
+        # bad input, as the driver's own checks find it, so raised the same way.
+        raise UsageError(result.reason)
+    return result
 
 
 class RunHandle:
@@ -193,16 +216,88 @@ def _block(handle: RunHandle, on_event: Callable[[Event], None] | None) -> RunRe
 # launch and verify
 
 
-def _prepare(job: dict[str, Any], runs_dir: str | Path | None) -> dict[str, Any]:
-    job = validate(dict(job))
+def _prepare(job: dict[str, Any], runs_dir: str | Path | None, source: str,
+             action: str) -> dict[str, Any]:
+    """The job to run: the caller's keys over the inventory's job (inventory_job), checked,
+    with defaults; the run id, runs_dir and code_src made definite."""
+    host, base = inventory_job(source)
+    if base:
+        where = f"inventory {source}: torchherd_job of host {host}"
+        validate(base, where)
+        problem = nproc_problem(base.get("nproc_per_node", "auto"))
+        if problem:
+            raise JobSpecError(f"{where}: {problem}; fix: correct it in the inventory")
+    # The caller's env, secret_env and rdzv_conf add to the inventory's, as -e adds to a job
+    # file's env.
+    job = validate({**base, **job, **{k: {**base[k], **job[k]} for k in job.keys() & base.keys()
+                                      if isinstance(base[k], dict) and isinstance(job[k], dict)}})
+    if action == "launch" and not job["script"]:
+        raise JobSpecError("job key 'script': required (str); give it after -- (the CLI), in "
+                           "the job file or in the inventory's torchherd_job")
     job["run_id"] = job.get("run_id") or new_run_id()
     job["runs_dir"] = str(Path(runs_dir or job["runs_dir"] or DEFAULT_RUNS_DIR).resolve())
-    job["code_src"] = str(Path(job.get("code_src") or ".").expanduser().resolve())
+    given = job.get("code_src") or "."
+    job["code_src"] = str(Path(given).expanduser().resolve())
+    if not Path(job["code_src"]).is_dir():
+        found = "a file" if Path(job["code_src"]).exists() else "no such directory"
+        raise JobSpecError(f"job key 'code_src': expected a directory on this machine (the "
+                           f"code synced to every node), found {found}: {given} "
+                           f"({job['code_src']}); fix: give the directory that holds the "
+                           f"script, relative to where torchherd runs or absolute")
     if (Path(job["runs_dir"]) / job["run_id"] / "plan.json").exists():
         raise JobSpecError(f"job key 'run_id': expected a new run id, found run "
                            f"{job['run_id']} already in {job['runs_dir']}; use status, stop "
                            f"or collect on it, or launch with another run id (or none)")
     return job
+
+
+def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
+    """The job the inventory defines, and the host it was read from: as the plan role's
+    default takes it (roles/plan/defaults/main.yml), the torchherd_job of the first inventory
+    host that has one, templated. ("", {}) where none has one.
+
+    The driver passes its job as extra vars, which hide the inventory's job from the plan:
+    so it reads that job here, with Ansible's own inventory and variable managers, and puts the
+    caller's keys over it."""
+    from ansible import constants
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    name = ""
+    try:
+        # The caller's vault passwords, as ansible-playbook takes them from their
+        # configuration (vault_identity_list; vault_password_file, which this adds itself): a
+        # vaulted group_vars file must not stop the read.
+        if constants.DEFAULT_VAULT_PASSWORD_FILE or constants.DEFAULT_VAULT_IDENTITY_LIST:
+            from ansible.cli import CLI  # a tenth of a second: only where there is a vault
+
+            loader.set_vault_secrets(CLI.setup_vault_secrets(
+                loader, constants.DEFAULT_VAULT_IDENTITY_LIST, vault_password_files=[],
+                ask_vault_pass=False, auto_prompt=False, initialize_context=False))
+        inventory = InventoryManager(loader=loader, sources=[source])
+        variables = VariableManager(loader=loader, inventory=inventory)
+        for name in inventory.get_groups_dict().get("all", []):
+            hostvars = variables.get_vars(host=inventory.get_host(name), include_hostvars=False)
+            if "torchherd_job" in hostvars:
+                job = Templar(loader, variables=hostvars).template(hostvars["torchherd_job"])
+                break
+        else:
+            return "", {}
+    except AnsibleError as exc:
+        raise JobSpecError(f"inventory {source}: torchherd_job{f' of host {name}' if name else ''}"
+                           f": expected variables the driver can read, found {exc.message}; "
+                           f"fix: correct the inventory (ansible-inventory -i {source} --list "
+                           f"shows what Ansible reads), or, where a file is vaulted, give Ansible "
+                           f"its password (vault_password_file in ansible.cfg)") from exc
+    if not isinstance(job, dict):
+        raise JobSpecError(f"inventory {source}: torchherd_job of host {name}: expected a "
+                           f"mapping, found {type(job).__name__}; fix: correct it")
+    # Plain data, as a job file gives it (Ansible's values carry its data tags).
+    return name, json.loads(json.dumps(job))
 
 
 def inventory_source(value: str | Path) -> str:
@@ -245,46 +340,59 @@ def _settle_after_cancel(handle: RunHandle) -> RunResult:
         return RunResult(handle.run_id, run_dir, "launch", "cancelled", Exit.CANCELLED,
                          "cancelled before the plan was made: nothing was started")
     extravars = {"torchherd_run_id": handle.run_id, "torchherd_runs_dir": str(run_dir.parent)}
-    prefix = "cancelled;"
+    hint = stop_hint(handle.run_id, run_dir.parent)
     if handle.on_interrupt == "detach":
         run_playbook("status", handle.inventory, extravars, on_event=handle.emit)
         summary = read_json(run_dir / "summary.json") or {}
         states = {h.get("state") for h in (summary.get("hosts") or {}).values()}
         if states == {"running"}:
             reason = (f"cancelled; the job keeps running on every node (detached); stop it "
-                      f"with: {stop_hint(handle.run_id, run_dir.parent)}")
+                      f"with: {hint}")
             return _cancelled(run_dir, reason)
         if "running" not in states:
-            reason = ("cancelled before the job started: nothing is running"
-                      if states <= {"absent"} else
-                      f"cancelled; the job had already ended: {summary.get('state')}")
-            return _cancelled(run_dir, reason)
-        prefix = "cancelled while the job was not running on every node;"
+            state, reason = cancel_verdict(summary, False, hint)
+            return _cancelled(run_dir, reason, state)
     # A start in flight when the playbook was killed may still land: stop until none runs.
     for _attempt in range(3):
         run_playbook("stop", handle.inventory, extravars, on_event=handle.emit)
         summary = read_json(run_dir / "summary.json") or {}
         if not any(h.get("state") == "running" for h in (summary.get("hosts") or {}).values()):
             break
-    return _cancelled(run_dir, f"{prefix} the job was stopped on every node")
+    state, reason = cancel_verdict(summary, True, hint)
+    return _cancelled(run_dir, reason, state)
 
 
-def _cancelled(run_dir: Path, reason: str, action: str = "launch") -> RunResult:
+def _cancelled(run_dir: Path, reason: str, state: str | None = None,
+               action: str = "launch") -> RunResult:
+    """The result of a cancelled action; for a launch, with ``state`` (where the summary
+    cannot tell it, e.g. nothing had started) noted in the run directory for runs()."""
     result = read_result(run_dir, action, 0, reason)
     result.exit_code, result.reason = Exit.CANCELLED, reason
+    if state is not None:
+        result.state = state
+        note = read_json(run_dir / DRIVER_FILE) or {}
+        note["cancelled"] = {"state": state, "reason": reason}
+        (run_dir / DRIVER_FILE).write_text(json.dumps(note) + "\n", encoding="utf-8")
     return result
 
 
-def _launch_work(job: dict[str, Any], verbosity: int) -> Callable[[RunHandle], RunResult]:
+def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
+                 progress_every: float) -> Callable[[RunHandle], RunResult]:
     def work(handle: RunHandle) -> RunResult:
         _remember_inventory(handle.run_dir, handle.inventory)
         try:
-            outcome = run_playbook("launch", handle.inventory, {"torchherd_job": job},
+            outcome = run_playbook("launch", handle.inventory,
+                                   {"torchherd_job": job, "torchherd_launched_at": launched_at,
+                                    "torchherd_progress_every": progress_every},
                                    on_event=handle.emit, cancelled=lambda: handle.cancelled,
                                    verbosity=verbosity)
             if outcome.cancelled:
                 return _settle_after_cancel(handle)
-            return _result(handle.run_dir, "launch", outcome)
+            result = _result(handle.run_dir, "launch", outcome)
+            # The whole launch as its caller waited for it: summary.json's timings end when
+            # the summary was written, before ansible-playbook's own exit.
+            result.timings["wall"] = round(time.time() - launched_at, 3)
+            return result
         finally:
             _forget_unplanned(handle.run_dir)
     return work
@@ -297,18 +405,29 @@ def launch_async(
     runs_dir: str | Path | None = None,
     on_interrupt: OnInterrupt = "stop",
     verbosity: int = 0,
+    launched_at: float | None = None,
+    progress_every: float = 0,
 ) -> RunHandle:
     """Start the launch playbook (plan, preflight, sync, start, watch, collect) in a thread.
 
-    The job is checked against the job spec first (JobSpecError names the key and the
-    expected type). ``on_interrupt`` is what ``cancel()`` does to a started job by default.
+    The job is checked against the job spec first, and the inventory and code_src found
+    (JobSpecError, a UsageError, names the key and the expected type); what only the plan can
+    find (a node group the inventory lacks, say) makes ``wait()`` raise UsageError. Either way
+    no node was touched. ``on_interrupt`` is what ``cancel()`` does to a started job by default.
     With ``job['detach']`` the run ends once the job started on every node (state running).
+    ``launched_at`` (seconds since the epoch; default: now) is where the result's timings
+    begin: a caller that did work of its own first (the CLI: its process's start) passes it.
+    ``progress_every`` (seconds; 0: none) asks for word of the running job that often, for a
+    live view fed by ``events()``: the schedule shortens the watch's rounds to it where one
+    wait speaks for the job (schedule.json says what it chose).
     """
+    launched_at = time.time() if launched_at is None else launched_at
     source = inventory_source(inventory)
-    job = _prepare(job, runs_dir)
+    job = _prepare(job, runs_dir, source, "launch")
     run_dir = Path(job["runs_dir"]) / job["run_id"]
     return RunHandle(job["run_id"], run_dir, source, "launch",
-                     _launch_work(job, verbosity), on_interrupt).start()
+                     _launch_work(job, verbosity, launched_at, progress_every),
+                     on_interrupt).start()
 
 
 def launch(
@@ -333,9 +452,10 @@ def launch(
 
 def verify_async(job: dict[str, Any], inventory: str | Path, *,
                  runs_dir: str | Path | None = None, verbosity: int = 0) -> RunHandle:
-    """Start the verify playbook (plan and preflight only) in a thread."""
+    """Start the verify playbook (plan and preflight only) in a thread. Without a script (no
+    job at all, say) it checks the nodes alone: facts, reachability, consistency."""
     source = inventory_source(inventory)
-    job = _prepare(job, runs_dir)
+    job = _prepare(job, runs_dir, source, "verify")
     run_dir = Path(job["runs_dir"]) / job["run_id"]
 
     def work(handle: RunHandle) -> RunResult:
@@ -344,7 +464,7 @@ def verify_async(job: dict[str, Any], inventory: str | Path, *,
                                    on_event=handle.emit, cancelled=lambda: handle.cancelled,
                                    verbosity=verbosity)
             if outcome.cancelled:
-                return _cancelled(run_dir, "cancelled", "verify")
+                return _cancelled(run_dir, "cancelled", action="verify")
             return _result(run_dir, "verify", outcome)
         finally:
             _forget_unplanned(run_dir)
@@ -393,8 +513,14 @@ def act_async(action: Action, run_id: str, *, runs_dir: str | Path | None = None
         outcome = run_playbook(action, inv, extravars, on_event=handle.emit,
                                cancelled=lambda: handle.cancelled, verbosity=verbosity)
         if outcome.cancelled:
-            return _cancelled(run_dir, f"{action} cancelled", action)
-        return _result(run_dir, action, outcome)
+            return _cancelled(run_dir, f"{action} cancelled", action=action)
+        result = _result(run_dir, action, outcome)
+        # The job's state says nothing of the stacks asked for: a node without py-spy, or
+        # with no rank, fails the action, not the job.
+        failed = stacks_verdict(result.stacks) if action == "stacks" and result.ok else None
+        if failed:
+            result.exit_code, result.reason = failed
+        return result
 
     return RunHandle(run_id, run_dir, inv, action, work).start()
 
@@ -491,3 +617,97 @@ def runs(runs_dir: str | Path | None = None) -> list[RunInfo]:
              for info in [run_info(d)] if info is not None]
     return sorted(found, key=lambda r: (r.started_at or 0.0, r.run_id))
 
+
+
+# --------------------------------------------------------------------------------------------
+# prune: old runs' directories, on the controller and on their nodes
+
+
+def _ask_nodes(targets: dict[str, list[dict[str, str]]], inventory: str, remove: bool,
+               on_event: Callable[[Event], None] | None, verbosity: int,
+               ) -> tuple[dict[str, dict[str, dict[str, Any]]], Outcome]:
+    """The prune playbook on the nodes: run id -> host -> prune_runs' answer for the run (or
+    ``no_answer``: why the node said nothing)."""
+    answers: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def seen(event: Event) -> None:
+        data = event.get("event_data") or {}
+        if (data.get("resolved_action") or data.get("task_action")) == PRUNE_MODULE:
+            host, res, kind = data.get("host", ""), data.get("res") or {}, event.get("event")
+            if kind == "runner_on_ok":
+                for run_id, entry in (res.get("runs") or {}).items():
+                    answers.setdefault(run_id, {})[host] = entry
+            elif kind in ("runner_on_failed", "runner_on_unreachable"):
+                why = "unreachable" if kind == "runner_on_unreachable" else "failed"
+                for run in targets.get(host, []):
+                    answers.setdefault(run["run_id"], {})[host] = {
+                        "no_answer": f"{why}: {str(res.get('msg') or '').strip()[:300]}"}
+        if on_event:
+            on_event(event)
+
+    outcome = run_playbook("prune", inventory, {"torchherd_prune": targets,
+                                                "torchherd_prune_remove": remove},
+                           on_event=seen, verbosity=verbosity)
+    return answers, outcome
+
+
+def prune(runs_dir: str | Path | None = None, *, keep: int | None = None,
+          older_than: float | None = None, inventory: str | Path | None = None,
+          remove: bool = False, on_event: Callable[[Event], None] | None = None,
+          verbosity: int = 0, now: float | None = None) -> PruneReport:
+    """Remove the directories of old runs: all but the newest ``keep``, and/or those started
+    more than ``older_than`` seconds ago (see driver.prune.select); ``remove=False`` (the
+    default) removes nothing and reports what would go.
+
+    With ``inventory``, each run's directory on its nodes (``<root>/runs/<run_id>``) goes too,
+    through the prune playbook, and a run goes only where every node of its plan answered and
+    none runs its job. Without one, only the controller's directories go, and a run whose
+    record says it may still run stays.
+    """
+    now = time.time() if now is None else now
+    chosen = select(runs(runs_dir), keep, older_than, now)
+    report = PruneReport(dry_run=not remove, keep=keep, older_than=older_than,
+                         nodes_asked=inventory is not None,
+                         runs=[PrunedRun(r.run_id, r.run_dir, r.state, r.started_at)
+                               for r in chosen])
+    nodes = {r.run_id: (read_json(r.run_dir / "plan.json") or {}).get("nodes") or []
+             for r in chosen}
+    hosts = {run_id: [n["host"] for n in planned] for run_id, planned in nodes.items()}
+    holds = {r.run_id: busy_hold(r, now) or (None if inventory else controller_only_hold(r))
+             for r in chosen}
+    if inventory is not None:
+        source = inventory_source(inventory)
+        answers: dict[str, dict[str, dict[str, Any]]] = {}
+        # Ask first (check mode), so that a run whose job runs on one node stays on all.
+        for remove_now in (False, True) if remove else (False,):
+            targets: dict[str, list[dict[str, str]]] = {}
+            for run in chosen:
+                if holds[run.run_id] is None:
+                    for node in nodes[run.run_id]:
+                        targets.setdefault(node["host"], []).append(
+                            {"run_id": run.run_id, "root": node["root"]})
+            if not targets:
+                break
+            asked, outcome = _ask_nodes(targets, source, remove_now, on_event, verbosity)
+            if not asked and outcome.rc != 0:
+                report.exit_code, report.reason = Exit.ERROR, _first_message(outcome)
+                for entry in report.runs:
+                    entry.kept = f"the nodes could not be asked: {report.reason}"
+                return report
+            answers.update(asked)
+            for run in chosen:
+                if holds[run.run_id] is None:
+                    holds[run.run_id] = nodes_hold(hosts[run.run_id], asked.get(run.run_id, {}))
+        for entry in report.runs:
+            entry.nodes = answers.get(entry.run_id, {})
+    for entry in report.runs:
+        entry.bytes, entry.files = size_of(entry.run_dir)
+        hold = holds[entry.run_id]
+        if hold is not None:
+            entry.kept = hold[1]
+            continue
+        if remove:
+            shutil.rmtree(entry.run_dir)
+        entry.removed = True
+    report.exit_code, report.reason = prune_verdict([h for h in holds.values() if h])
+    return report

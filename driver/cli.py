@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -26,18 +27,30 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+import driver
 from driver import api
 from driver.logs import parse_line
 from driver.paths import driver_version
-from driver.progress import Progress
+from driver.progress import Progress, facts_cells
+from driver.prune import parse_duration
 from driver.result import Exit, RunResult, UsageError, usage_document
-from driver.spec import JobSpecError, job_options, read_job_file, validate
+from driver.spec import (
+    JobSpecError,
+    coerce,
+    job_options,
+    nproc_problem,
+    read_job_file,
+    validate,
+)
 
 # Job keys with flags of their own shape (script and args come after --; --runs-dir is
 # common to every action).
 _SPECIAL_KEYS = {"script", "args", "secret_env", "detach", "runs_dir"}
 _MARKUP = re.compile(r"[CIOV]\(([^)]*)\)")
 RUNS_DIR_ENV = "TORCHHERD_RUNS_DIR"
+# How often the live table wants word of a running job (seconds): the schedule shortens the
+# watch's rounds to it where one wait speaks for the job, one task on the master per round.
+LIVE_PROGRESS_EVERY = 5.0
 
 _EXIT_MEANINGS = {
     Exit.OK: "done (launch --detach: the job is running)",
@@ -67,11 +80,54 @@ def _epilog() -> str:
             f"shell completion (bash, zsh): eval \"$(register-python-argcomplete torchherd)\"")
 
 
+# ansible-playbook's way of giving a job (-e @job.yml, --extra-vars) is not the driver's.
+_JOB_FILE_HINT = ("torchherd takes the job file with -j/--job FILE (and each job key as a flag); "
+                  "-e is --env NAME=VALUE, an environment variable of the job")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse's usage errors raised as UsageError, so that --json reports them too."""
+    """argparse's usage errors raised as UsageError, so that --json reports them too; an
+    unknown flag gets the closest known one (Python 3.11's argparse suggests none)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: list[str] = []  # before argparse adds its own --help
+        self.commands: dict[str, _Parser] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags += action.option_strings
+        return action
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # Reported by the action's own parser: its usage line, its flags.
+            where = self.commands.get(getattr(namespace, "action", None), self)
+            where.error(f"unrecognized arguments: {' '.join(extras)}{where.hint(extras)}")
+        return namespace
+
+    def hint(self, unknown: list[str]) -> str:
+        for word in unknown:
+            flag = word.partition("=")[0]
+            if flag == "--extra-vars":
+                return f" ({_JOB_FILE_HINT})"
+            close = difflib.get_close_matches(flag, self.flags, n=1) if flag[:2] == "--" else []
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
+        wrong = _INVALID_CHOICE.search(message)
+        # Actions are short words: a looser match would offer `logs` for `bogus`.
+        close = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)),
+                                          n=1, cutoff=0.75) if wrong else []
+        if close:  # an action's name, typo'd
+            message += f"; did you mean {close[0]}?"
         raise UsageError(f"{message}; see {self.prog} --help")
 
 
@@ -113,12 +169,12 @@ def _job_args(parser: argparse.ArgumentParser, launch: bool) -> None:
             parser.add_argument(*names, dest=f"pairs_{key}", action="append", default=[],
                                 metavar="KEY=VALUE", help=text)
         else:
-            # Choices are shown and completed, and checked by the job spec's validator with
-            # the playbooks' own message.
+            # Choices are shown and completed; the value is checked and coerced as the job
+            # file's would be, and a bad one named by the flag the user typed.
             choices = opt.get("choices") or (["true", "false"] if opt.get("type") == "bool"
                                              else None)
             flag = parser.add_argument(
-                _flag(key), dest=f"job_{key}", help=text,
+                _flag(key), dest=f"job_{key}", help=text, type=_checked(key),
                 metavar="{" + ",".join(map(str, choices)) + "}" if choices else key.upper())
             if choices:
                 flag.completer = ChoicesCompleter(choices)
@@ -135,6 +191,16 @@ def _job_args(parser: argparse.ArgumentParser, launch: bool) -> None:
     _common(parser, job=True)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- script [args...] (script relative to --code-src)")
+
+
+def _checked(key: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return coerce(key, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = key  # argparse's fallback message names the type by it
+    return convert
 
 
 def _complete_run_ids(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
@@ -171,9 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     def action(name: str, text: str, *examples: str) -> argparse.ArgumentParser:
         lines = "\n".join(f"  %(prog)s {example}".rstrip() for example in examples)
         # No abbreviated flags: --nproc must not pass for --nproc-per-node silently.
-        return sub.add_parser(name, help=text, description=text, allow_abbrev=False,
-                              epilog=f"examples:\n{lines}",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.commands[name] = sub.add_parser(
+            name, help=text, description=text, allow_abbrev=False, epilog=f"examples:\n{lines}",
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+        return parser.commands[name]
 
     _job_args(action("launch", "verify the nodes, sync, start torchrun, watch, collect",
                      "-i inventories/cluster.ini --nproc-per-node auto -- examples/train_ddp.py "
@@ -199,8 +266,36 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds between fetches with --follow (default: %(default)s)")
     logs.add_argument("--no-fetch", dest="fetch", action="store_false",
                       help="print what was fetched before; touch no node")
-    _common(action("runs", "list past runs: id, state, start, nodes, reason",
-                   "", "--json --runs-dir ~/torchherd-runs"), verbose=False)
+    runs = action("runs", "list past runs: id, state, start, nodes, reason; with --prune, "
+                          "remove old ones (a dry run without --yes)",
+                  "", "--json --runs-dir ~/torchherd-runs",
+                  "--prune --keep 10 -i inventories/cluster.ini",
+                  "--prune --older-than 7d --yes")
+    # Prune: old runs' directories on the controller, and with -i on their nodes
+    # (<root>/runs/<run_id>); a run whose job still runs on any node stays.
+    runs.add_argument("--prune", action="store_true",
+                      help="remove the directories of the runs the keep policy lets go, on "
+                           "the controller and (with -i) on their nodes; a run whose job still "
+                           "runs stays; without --yes only shows what would go")
+    runs.add_argument("--keep", type=int, metavar="N", help="with --prune: keep the N newest runs")
+    runs.add_argument("--older-than", metavar="DURATION",
+                      help="with --prune: remove only runs started longer ago than DURATION "
+                           "(7d, 12h, 30m, 90s, 2w, 1d12h); with --keep, a run goes only where "
+                           "both let it")
+    runs.add_argument("-i", "--inventory",
+                      help="with --prune: Ansible inventory of the runs' nodes; their run "
+                           "directories go too, and the nodes say whether a job still runs "
+                           "(without it: the controller's directories only, and a run that may "
+                           "still run stays)")
+    runs.add_argument("--yes", action="store_true",
+                      help="with --prune: really remove (default: a dry run)")
+    _common(runs)
+    init = action("init", "write a job file, inventories and examples to start from",
+                  "", "my-project --force")
+    init.add_argument("dir", nargs="?", default=".",
+                      help="directory to write into, created if missing (default: .)")
+    init.add_argument("--force", action="store_true", help="overwrite files already there")
+    init.set_defaults(json=False)
     return parser
 
 
@@ -216,7 +311,8 @@ def environ_secrets(names: list[str]) -> dict[str, str]:
 
 def job_from(args: argparse.Namespace) -> dict[str, Any]:
     """The job spec from the job file and the flags (flags win; -e and --secret-env add to
-    the file's variables); validated."""
+    the file's variables), checked. Defaults are not filled in: the keys left out come from
+    the inventory's job, else from the defaults (driver.api)."""
     job = read_job_file(args.job) if args.job else {}
     job.update({k.removeprefix("job_"): v for k, v in vars(args).items()
                 if k.startswith("job_") and v is not None})
@@ -233,16 +329,23 @@ def job_from(args: argparse.Namespace) -> dict[str, Any]:
         command = command[1:]
     if command:
         job.update(script=command[0], args=command[1:])
-    if not job.get("script"):
-        raise JobSpecError("job key 'script': required (str); give it after -- or in the job "
-                           "file")
-    return validate(job)
+    if args.job:
+        # The flags' values were checked as argparse read them: what is left is the file's.
+        validate(job, f"job file {args.job}")
+        problem = nproc_problem(job.get("nproc_per_node", "auto"))
+        if problem:
+            raise JobSpecError(f"job file {args.job}: {problem}; fix: set it to the GPUs per "
+                               f"node, or auto")
+    return job
 
 
 def _pairs(flag: str, items: list[str]) -> dict[str, str]:
     pairs = {}
     for item in items:
         key, sep, value = item.partition("=")
+        if not sep and item.startswith("@"):
+            raise JobSpecError(f"{flag} {item!r}: expected KEY=VALUE, found a file; "
+                               f"{_JOB_FILE_HINT}")
         if not sep or not key:
             raise JobSpecError(f"{flag} {item!r}: expected KEY=VALUE")
         pairs[key] = value
@@ -254,7 +357,9 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _program() -> str:
-    return "python -m driver" if sys.argv[0].endswith("__main__.py") else "torchherd"
+    # python -m driver, or python -m torchherd: the package whose __main__ runs
+    main = Path(sys.argv[0])
+    return f"python -m {main.parent.name}" if main.name == "__main__.py" else "torchherd"
 
 
 def _console(stderr: bool = False) -> Console:
@@ -277,6 +382,11 @@ class Ui:
     def __init__(self, verbose: int = 0) -> None:
         self.err = _console(stderr=True)
         self.verbose = verbose
+
+    @property
+    def live(self) -> bool:
+        """Whether a run's progress is a live table (else plain lines, or Ansible's own)."""
+        return self.err.is_terminal and not self.verbose
 
     def say(self, text: str, style: str = "") -> None:
         self.err.print(f"[{style}]{escape(text)}[/]" if style else escape(text), soft_wrap=True)
@@ -306,16 +416,17 @@ class Ui:
                 handle.cancel()
             self.say(f"torchherd: {handle.action} {handle.run_id} (on Ctrl-C {cancel_note})")
             progress = Progress(f"torchherd {handle.action} {handle.run_id}")
-            if self.err.is_terminal and not self.verbose:
-                live = Live(progress.table(), console=self.err, auto_refresh=False,
-                            transient=True)
+            if self.live:
+                # Refreshed twice a second between events too: the elapsed times move on.
+                live = Live(console=self.err, get_renderable=progress.table,
+                            refresh_per_second=2, transient=True)
                 live.start()
             for event in handle.events():
                 lines = progress.update(event)
                 if self.verbose:  # Ansible's own words instead (secret values masked)
                     lines = [event["stdout"]] if event.get("stdout") else []
                 if live:
-                    live.update(progress.table(), refresh=True)
+                    live.refresh()
                 else:
                     for line in lines:
                         self.say(line)
@@ -328,7 +439,7 @@ class Ui:
 
     def report(self, result: RunResult, as_json: bool) -> int:
         if result.hosts:
-            self.err.print(_table(result))
+            self.err.print(_facts_table(result) if result.action == "verify" else _table(result))
         for problem in result.problems:
             self.say(f"  {problem['host']}: {problem['check']}: expected {problem['expected']}, "
                      f"found {problem['found']}; fix: {problem.get('fix', '')}", "red")
@@ -337,6 +448,8 @@ class Ui:
             sync = result.sync
             self.say(f"sync: {sync['files']} files, {sync['bytes']} bytes to "
                      f"{sync['nodes_sent_to']} of {len(result.hosts)} nodes")
+        if result.action == "launch" and result.timings.get("first_output") is not None:
+            self.say(f"first output {result.timings['first_output']:.1f} s after launch")
         self.say(f"run {result.run_id} {result.state}: {result.reason}", style)
         if result.run_dir.exists():
             self.say(f"run directory: {result.run_dir}")
@@ -360,6 +473,18 @@ def _table(result: RunResult) -> Table:
     return table
 
 
+def _facts_table(result: RunResult) -> Table:
+    """verify: every node as preflight found it, one row each."""
+    table = Table(title=f"run {result.run_id}: the nodes as preflight found them",
+                  title_justify="left")
+    for col in ("node", "rank", "python", "torch", "cuda", "nccl", "gpus", "launchers",
+                "interface", "disk free", "check"):
+        table.add_column(col, overflow="fold")
+    for host, facts in result.hosts.items():
+        table.add_row(*facts_cells(host, facts))
+    return table
+
+
 def _launch(args: argparse.Namespace, ui: Ui) -> int:
     job = job_from(args)
     if args.action == "verify":
@@ -371,7 +496,10 @@ def _launch(args: argparse.Namespace, ui: Ui) -> int:
             "the job is left running, detached")
     result = ui.drive(lambda: api.launch_async(job, args.inventory, runs_dir=args.runs_dir,
                                                on_interrupt=args.on_interrupt,
-                                               verbosity=args.verbose),
+                                               verbosity=args.verbose,
+                                               launched_at=driver.STARTED_AT,
+                                               progress_every=LIVE_PROGRESS_EVERY if ui.live
+                                               else 0),
                       cancel_note=fate)
     code = ui.report(result, args.json)
     if result.state == "running":
@@ -401,9 +529,7 @@ def _stacks(args: argparse.Namespace, ui: Ui) -> int:
         sys.stdout.flush()
     if found:
         ui.say(f"stacks: {found['summary']} ({found['text']})",
-               "yellow" if found["odd"] else "green")
-    elif result.ok:
-        ui.say("stacks: none read (no report written)", "red")
+               "red" if not result.ok else "yellow" if found["odd"] else "green")
     return ui.report(result, args.json)
 
 
@@ -431,6 +557,13 @@ def _logs(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def _runs(args: argparse.Namespace, ui: Ui) -> int:
+    if args.prune:
+        return _prune(args, ui)
+    given = [flag for flag, value in (("--keep", args.keep), ("--older-than", args.older_than),
+                                      ("-i", args.inventory), ("--yes", args.yes or None))
+             if value is not None]
+    if given:
+        raise UsageError(f"runs {given[0]}: expected it with --prune, found no --prune")
     found = api.runs(args.runs_dir)
     if args.json:
         _print_json({"runs": [r.to_dict() for r in found]})
@@ -439,17 +572,78 @@ def _runs(args: argparse.Namespace, ui: Ui) -> int:
     for col in ("run id", "state", "started", "nodes", "reason"):
         table.add_column(col, overflow="fold")
     for r in found:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)) \
-            if r.started_at else "-"
-        table.add_row(r.run_id, r.state, started, ",".join(r.nodes), escape(r.reason))
+        table.add_row(r.run_id, r.state, _when(r.started_at), ",".join(r.nodes), escape(r.reason))
     _console().print(table)
+    return Exit.OK
+
+
+def _when(started_at: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at)) if started_at else "-"
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return ""
+
+
+def _prune(args: argparse.Namespace, ui: Ui) -> int:
+    """The runs the policy lets go on stdout (removed, or kept and why); totals on stderr."""
+    older_than = parse_duration(args.older_than) if args.older_than is not None else None
+    try:
+        report = api.prune(args.runs_dir, keep=args.keep, older_than=older_than,
+                           inventory=args.inventory, remove=args.yes,
+                           on_event=(lambda e: ui.say(e["stdout"]) if e.get("stdout") else None)
+                           if args.verbose else None, verbosity=args.verbose)
+    except KeyboardInterrupt:
+        ui.say("torchherd: prune cancelled; run it again to finish (what is gone stays gone)",
+               "yellow")
+        return Exit.CANCELLED
+    gone = "would remove" if report.dry_run else "removed"
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("run id", "state", "started", "controller", "nodes", gone):
+            table.add_column(col, overflow="fold")
+        for r in report.runs:
+            nodes = ", ".join(f"{h} {_size(int(n.get('bytes') or 0))}"
+                              + ("" if n.get("removed") else " (kept)")
+                              for h, n in r.nodes.items()
+                              if n.get("state") not in (None, "missing")) or "-"
+            table.add_row(r.run_id, r.state, _when(r.started_at), _size(r.bytes), escape(nodes),
+                          "yes" if r.removed else f"no: {escape(r.kept or '')}")
+        _console().print(table)
+    totals = report.totals()
+    where = (f" and {totals['node_dirs']} run directories on nodes "
+             f"({_size(totals['node_bytes'])})" if report.nodes_asked else
+             " (nodes not asked: give -i INVENTORY to prune there too)")
+    ui.say(f"{gone} {totals['runs']} runs ({_size(totals['bytes'])} on the controller){where}; "
+           f"kept {totals['kept']} of the {len(report.runs)} runs the policy let go",
+           "green" if report.exit_code == Exit.OK else "red")
+    if report.reason:
+        ui.say(report.reason, "red")
+    if report.dry_run and totals["runs"]:
+        ui.say("dry run: nothing was removed; add --yes to remove them", "yellow")
+    return int(report.exit_code)
+
+
+def _init(args: argparse.Namespace, ui: Ui) -> int:
+    from driver import scaffold  # it reads the job spec: only this action needs it
+
+    for path in scaffold.init(args.dir, force=args.force):
+        sys.stdout.write(f"{path}\n")
+    ui.say(f"wrote a job file, inventories and examples; next: cd {args.dir} && "
+           f"{_program()} launch -i inventories/local.ini -j {scaffold.JOB_FILE}")
     return Exit.OK
 
 
 _ACTIONS: dict[str, Callable[[argparse.Namespace, Ui], int]] = {
     "launch": _launch, "verify": _launch, "status": _act, "stop": _act, "collect": _act,
     "stacks": _stacks,
-    "logs": _logs, "runs": _runs,
+    "logs": _logs, "runs": _runs, "init": _init,
 }
 
 

@@ -1,14 +1,24 @@
-"""Per-node progress from ansible-runner events: node, rank, phase, state, last log line.
+"""Per-node progress from ansible-runner events: node, rank, phase, state, elapsed time, the
+job's last line.
 
 Phases carry the names of the data flow (plan, preflight, sync, firewall, start, watch,
 collect, teardown, summary) and of the run actions (status, stop). They come from what every
 event carries as Ansible's contract, never from task or play display names: the module a task
 runs and the role it belongs to (see PHASES). Only chosen fields of a result are read, so that
 nothing it shows can carry a secret value.
+
+While the job runs, its output reaches the controller only in the watch's rounds (each round
+of the wait returns the node's last log line, ``runner_retry``): the table shows the last line
+a rank printed there, not torch's or the launcher's own warnings and banners. Elapsed times are
+counted on the controller's clock from when the start reported the job running, so that a node
+whose clock is off shows the same time as the others.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
@@ -16,7 +26,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from driver.logs import parse_line
+from driver.logs import LogLine, parse_line
 
 # The contract between the collection and this view: the module that does each phase's work,
 # as Ansible reports it in every task's events (resolved_action, its FQCN, whatever the task
@@ -48,6 +58,12 @@ _STATE_STYLE = {"succeeded": "green", "running": "cyan", "failed": "red", "lost"
                 "unreachable": "red", "timed_out": "red", "preflight failed": "red",
                 "stopped": "yellow"}
 _NOTE_WIDTH = 100
+# Lines a rank or the launcher writes that are not the job's own words: Python's warnings (the
+# "UserWarning: ..." line and the source line after it), glog-style lines of torch's C++ side
+# ("[W1125 18:05:51.1 socket.cpp:...]", "W1125 ..."), Python logging of torch.distributed, and
+# torchrun's banner about OMP_NUM_THREADS.
+_NOT_JOB = re.compile(r"\w*Warning: |^\s*warnings\.warn\(|^\[?[WIEF]\d{4} |^\*{5,}$"
+                      r"|^(WARNING|INFO|DEBUG):torch\.|^Setting OMP_NUM_THREADS ")
 
 
 @dataclass
@@ -56,6 +72,35 @@ class Row:
     phase: str = ""
     state: str = ""
     note: str = ""
+    started: float | None = None  # controller time the job was first seen running here
+    ended: float | None = None  # controller time it was first seen ended
+    rank_line: bool = False  # the note is a line a rank printed
+
+
+def job_line(line: LogLine) -> bool:
+    """Whether a node-log line is the job's own output worth showing as its last line."""
+    return bool(line.text.strip()) and not _NOT_JOB.search(line.text)
+
+
+def elapsed(seconds: float | None) -> str:
+    """Seconds as the table shows them: 7s, 3m05s, 2h01m."""
+    if seconds is None:
+        return ""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def row_cells(host: str, row: Row, now: float) -> list[str]:
+    """One node's cells of the live table (markup escaped): node, rank, phase, state,
+    elapsed, last line."""
+    style = _STATE_STYLE.get(row.state)
+    state = f"[{style}]{escape(row.state)}[/]" if style else escape(row.state)
+    since = None if row.started is None else (row.ended or now) - row.started
+    return [escape(host), row.rank, row.phase, state, elapsed(since), escape(row.note)]
 
 
 def module_of(data: dict[str, Any]) -> str:
@@ -80,30 +125,96 @@ def _first_line(value: Any) -> str:
     return text.splitlines()[0][:_NOTE_WIDTH] if text else ""
 
 
+def gib(size: int | None) -> str:
+    """Bytes in GiB with one decimal, as the facts table shows disk space."""
+    return "-" if size is None else f"{size / 2**30:.1f} GiB"
+
+
+def gpus_text(gpus: list[dict[str, Any]]) -> str:
+    """GPUs as count x model ("8 x NVIDIA H100 80GB HBM3", models in the order seen); cpu
+    where torch sees none."""
+    counts: dict[str, int] = {}
+    for gpu in gpus:
+        counts[str(gpu.get("name") or "?")] = counts.get(str(gpu.get("name") or "?"), 0) + 1
+    return ", ".join(f"{n} x {name}" for name, n in counts.items()) or "cpu"
+
+
+_CHECK_STYLE = {"passed": "green", "failed": "red", "unreachable": "red"}
+
+
+def facts_cells(host: str, facts: dict[str, Any]) -> list[str]:
+    """One node's cells of verify's facts table (markup escaped): node, rank, python, torch,
+    cuda, nccl, gpus, launchers, interface, disk free, check."""
+    rank = facts.get("node_rank")
+    role = f"{'' if rank is None else rank} {facts.get('role') or ''}".strip()
+    interface = facts.get("interface") or {}
+    where = " ".join(str(interface[k]) for k in ("name", "address") if interface.get(k))
+    check = str(facts.get("check") or "")
+    if facts.get("failed_checks"):
+        check += ": " + ", ".join(facts["failed_checks"])
+    launchers = " ".join(f"{name} {version}" for name, version
+                         in (facts.get("launchers") or {}).items() if version)
+    style = _CHECK_STYLE.get(str(facts.get("check")))
+    cells = [host, role, facts.get("python"), facts.get("torch"), facts.get("cuda"),
+             facts.get("nccl"), gpus_text(facts.get("gpus") or []) if facts.get("torch") else None,
+             launchers, where, gib(facts.get("disk_free_bytes"))]
+    shown = [escape(str(c)) if c not in (None, "") else "-" for c in cells]
+    return shown + [f"[{style}]{escape(check)}[/]" if style else escape(check)]
+
+
 class Progress:
     """Fold ansible-runner events into one row per node; render a table or plain lines."""
 
-    def __init__(self, title: str = "torchherd") -> None:
+    def __init__(self, title: str = "torchherd", now: float | None = None) -> None:
         self.title = title
         self.rows: dict[str, Row] = {}
         self.phase = ""
         self.nproc: int | None = None
         self.static = True  # global rank = node_rank * nproc + local rank (static rendezvous)
+        self.began = time.time() if now is None else now
+        # A live display renders the table from its own thread while events are folded in.
+        self._lock = threading.Lock()
 
     def _row(self, host: str) -> Row:
         return self.rows.setdefault(host, Row(phase=self.phase))
 
-    def _note(self, host: str, line: str) -> str:
+    def _parse(self, host: str, line: str) -> LogLine:
         row = self.rows.get(host)
         node_rank = int(row.rank) if row and row.rank.isdigit() else None
         nproc = self.nproc if self.static else None
-        return _first_line(parse_line(host, node_rank, nproc, line).short)
+        return parse_line(host, node_rank, nproc, line)
+
+    def _note(self, host: str, line: str) -> str:
+        return _first_line(self._parse(host, line).short)
+
+    def _running_note(self, host: str, line: str) -> str | None:
+        """The note of a running job's last line; None (the note kept) for a line that is
+        not the job's, or the launcher's where a rank's line is shown already."""
+        parsed = self._parse(host, line)
+        row = self._row(host)
+        from_rank = parsed.local_rank is not None
+        if not job_line(parsed) or (row.rank_line and not from_rank):
+            return None
+        row.rank_line = from_rank
+        return _first_line(parsed.short)
 
     def _enter(self, phase: str) -> list[str]:
         if phase == self.phase:
             return []
         self.phase = phase
+        if phase == "watch":
+            # The watch speaks for every node (the master's gang, where it alone is polled).
+            for row in self.rows.values():
+                if row.state == "running":
+                    row.phase = phase
         return [f"torchherd: {phase}"]
+
+    def _times(self, host: str, state: str, now: float) -> None:
+        row = self._row(host)
+        if state == "running" and row.started is None:
+            row.started = now
+        elif state != "running" and row.started is not None and row.ended is None:
+            row.ended = now
 
     def _set(self, host: str, phase: str, state: str | None = None,
              note: str | None = None) -> str | None:
@@ -120,8 +231,13 @@ class Progress:
         detail = f": {row.note}" if row.note and state not in ("ok", "checked", "synced") else ""
         return f"torchherd: {host}{rank}: {row.state}{detail}"
 
-    def update(self, event: dict[str, Any]) -> list[str]:
-        """Fold one event in; return the lines worth printing when there is no live table."""
+    def update(self, event: dict[str, Any], now: float | None = None) -> list[str]:
+        """Fold one event in; return the lines worth printing when there is no live table.
+        ``now``: the controller's time the event came (default: the clock's)."""
+        with self._lock:
+            return self._update(event, time.time() if now is None else now)
+
+    def _update(self, event: dict[str, Any], now: float) -> list[str]:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         # Every playbook of the collection begins with the plan: its own, or the run's read back.
@@ -155,8 +271,12 @@ class Progress:
             meta = res.get("meta") or {}
             if meta.get("node_rank") is not None:
                 self._row(host).rank = str(meta["node_rank"])
-            return _some(self._set(host, phase, res["job_state"],
-                                   self._note(host, res.get("last_line") or "")))
+            state = res["job_state"]
+            self._times(host, state, now)
+            line = res.get("last_line") or ""
+            note = self._running_note(host, line) if state == "running" \
+                else self._note(host, line)
+            return _some(self._set(host, phase, state, note))
         gate = (res.get("ansible_facts") or {}).get("torchherd_gate")
         if gate:
             return self._gate(gate, phase)
@@ -181,7 +301,13 @@ class Progress:
                 self.nproc = summary["nproc_per_node"]
             lines = []
             for host, h in (summary.get("hosts") or {}).items():
-                self._row(host).rank = str(h.get("node_rank", ""))
+                row = self._row(host)
+                row.rank = str(h.get("node_rank", ""))
+                # The summary's times are the controller's clock too, and know when a node
+                # that was not polled ended.
+                for key in ("started", "ended"):
+                    if isinstance(h.get(f"{key}_at"), (int, float)):
+                        setattr(row, key, h[f"{key}_at"])
                 note = h.get("exception") or h.get("error") or self._note(
                     host, h.get("last_line") or "")
                 lines += _some(self._set(host, phase, h.get("state"), _first_line(note)))
@@ -199,14 +325,17 @@ class Progress:
                     lines += _some(self._set(host, phase, "preflight failed", _first_line(note)))
         return lines
 
-    def table(self) -> Table:
-        table = Table(title=f"{self.title}: {self.phase}", title_justify="left")
-        for col in ("node", "rank", "phase", "state", "last line"):
-            table.add_column(col, overflow="ellipsis", no_wrap=True)
-        for host, row in self.rows.items():
-            style = _STATE_STYLE.get(row.state)
-            state = f"[{style}]{escape(row.state)}[/]" if style else escape(row.state)
-            table.add_row(escape(host), row.rank, row.phase, state, escape(row.note))
+    def table(self, now: float | None = None) -> Table:
+        """The live table at ``now`` (default: the clock's): its title has the phase and the
+        time since the run began."""
+        now = time.time() if now is None else now
+        with self._lock:
+            table = Table(title=f"{self.title}: {self.phase}  {elapsed(now - self.began)}",
+                          title_justify="left")
+            for col in ("node", "rank", "phase", "state", "elapsed", "last line"):
+                table.add_column(col, overflow="ellipsis", no_wrap=True)
+            for host, row in self.rows.items():
+                table.add_row(*row_cells(host, row, now))
         return table
 
 

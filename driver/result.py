@@ -14,6 +14,10 @@ from typing import Any, TypedDict, cast
 
 from driver.logs import static_nproc
 
+# The driver's own note in a run directory: the inventory of the launch, and how a cancelled
+# launch ended (state, reason) where no summary can say it.
+DRIVER_FILE = "driver.json"
+
 
 class Exit(IntEnum):
     """Exit codes of the CLI, also ``RunResult.exit_code``."""
@@ -47,6 +51,7 @@ class HostResult(TypedDict, total=False):
     last_line: str
     started_at: float | None
     ended_at: float | None
+    first_output_at: float | None  # when a rank of the node first wrote output
     clock_offset: float | None  # seconds the node's clock is ahead of the controller's
     log: str | None  # runs/<run_id>/nodes/<host>/node.log on the controller
     logs_fetched: bool
@@ -55,6 +60,27 @@ class HostResult(TypedDict, total=False):
     traceback: str | None
     artifacts: list[str]  # files under runs/<run_id>/artifacts/<host>/
     sync: dict[str, int] | None  # files and bytes the launch's sync sent to this node
+
+
+class NodeFacts(TypedDict, total=False):
+    """One node as verify found it (preflight.json: the node's facts and the gate's verdict)."""
+
+    node_rank: int | None
+    role: str  # master or worker
+    hostname: str | None
+    check: str  # passed failed unreachable unchecked
+    failed_checks: list[str]  # the checks that named this node
+    python: str | None  # version of the job's interpreter
+    python_path: str | None
+    torch: str | None
+    cuda: str | None
+    nccl: str | None
+    gpus: list[dict[str, Any]]  # name, memory_bytes of each GPU torch sees
+    nproc_per_node: int | None
+    launchers: dict[str, str | None]  # launchers torch does not bring: version, or None
+    interface: dict[str, Any] | None  # name, address, how: the job's traffic's interface
+    disk_free_bytes: int | None  # free under the node's torchherd root
+    error: str | None  # why the interpreter or torch could not be read
 
 
 @dataclass
@@ -67,7 +93,8 @@ class RunResult:
     state: str
     exit_code: Exit
     reason: str
-    hosts: dict[str, HostResult] = field(default_factory=dict)
+    # verify: what preflight found on each node (NodeFacts); else summary.json's hosts.
+    hosts: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     problems: list[dict[str, str]] = field(default_factory=list)
@@ -201,6 +228,81 @@ def verdict(
     return Exit.ERROR, "error", message
 
 
+def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[str, NodeFacts]:
+    """Every planned node (in node_rank order) as preflight found it: its facts, and whether
+    the checks passed there. A check that compares nodes names all of them ("a, b")."""
+    facts = (preflight or {}).get("facts") or {}
+    gate = (preflight or {}).get("gate") or {}
+    master = (plan.get("master") or {}).get("host")
+    named: dict[str, list[str]] = {}
+    for problem in gate.get("problems") or []:
+        for host in str(problem.get("host", "")).split(", "):
+            named.setdefault(host, []).append(str(problem.get("check", "")))
+    nodes: dict[str, NodeFacts] = {}
+    for node in plan.get("nodes") or []:
+        host = node["host"]
+        found = facts.get(host) or {}
+        python = found.get("python") or {}
+        torch = found.get("torch") or {}
+        checks = named.get(host, [])
+        if "ssh" in checks:
+            check = "unreachable"
+        elif checks:
+            check = "failed"
+        elif found and gate:
+            check = "passed"
+        else:
+            check = "unchecked"
+        nproc = (gate.get("nprocs") or {}).get(host)
+        nodes[host] = {
+            "node_rank": node.get("node_rank"),
+            "role": "master" if host == master else "worker",
+            "hostname": found.get("hostname"), "check": check, "failed_checks": checks,
+            "python": python.get("version"), "python_path": python.get("executable"),
+            "torch": torch.get("version"), "cuda": torch.get("cuda"),
+            "nccl": torch.get("nccl"),
+            "gpus": [{"name": g.get("name"), "memory_bytes": g.get("memory_bytes")}
+                     for g in torch.get("gpus") or []],
+            "nproc_per_node": nproc if isinstance(nproc, int) else None,
+            "launchers": dict(torch.get("launchers") or {}),
+            "interface": (gate.get("interfaces") or {}).get(host) or _interface(found),
+            "disk_free_bytes": found.get("disk_free_bytes"),
+            "error": python.get("error") or torch.get("error")}
+    return nodes
+
+
+def _interface(found: dict[str, Any]) -> dict[str, Any] | None:
+    chosen = found.get("interface") or {}
+    return {k: chosen.get(k) for k in ("name", "address", "how")} if chosen.get("name") \
+        else None
+
+
+def cancel_verdict(summary: dict[str, Any] | None, stopped: bool,
+                   stop_hint: str) -> tuple[str, str]:
+    """State and reason of a launch cancelled by its caller, from the summary that the stop
+    (``stopped``) or, for on_interrupt detach, the status after the cancel wrote. A job that
+    no node had started is ``cancelled``, not stopped: the stop found nothing to stop."""
+    hosts = (summary or {}).get("hosts") or {}
+    states = {host: entry.get("state") for host, entry in hosts.items()}
+    overall = (summary or {}).get("state")
+    known = overall if overall not in (None, "unknown") else "cancelled"
+    if not states:
+        return "cancelled", (f"cancelled; the job's state on the nodes is not known (no answer "
+                             f"was recorded); check it with status, or stop it: {stop_hint}")
+    if all(state == "absent" for state in states.values()):
+        return "cancelled", ("cancelled before the job started: nothing was started on any "
+                             "node")
+    left = [f"{host} ({state})" for host, state in states.items()
+            if state in ("running", "unreachable", "lost")]
+    if left:
+        return known, (f"cancelled; the job may still run on {', '.join(left)}; stop it with: "
+                       f"{stop_hint}")
+    if not stopped:
+        return known, f"cancelled; the job had already ended: {known}"
+    where = " where it had started" if "absent" in states.values() else ""
+    return known, f"cancelled; the job was stopped on every node{where}"
+
+
 def artifacts_of(run_dir: Path, host: str) -> list[str]:
     base = run_dir / "artifacts" / host
     return sorted(str(p) for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
@@ -212,11 +314,13 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
     preflight = read_json(run_dir / "preflight.json")
     code, state, reason = verdict(action, summary, preflight,
                                   (run_dir / "plan.json").exists(), rc, message)
-    hosts: dict[str, HostResult] = {}
+    hosts: dict[str, Any] = {}
     for host, entry in ((summary or {}).get("hosts") or {}).items():
         hosts[host] = cast(HostResult, {**entry, "artifacts": artifacts_of(run_dir, host)})
     gate = (preflight or {}).get("gate") or {}
     plan = read_json(run_dir / "plan.json") or {}
+    if action == "verify":
+        hosts = dict(node_facts(plan, preflight))
     # The gate resolved nproc_per_node 'auto' (a summary written by status, stop or collect
     # may still say 'auto'); before any summary, the plan has the rest.
     layout = {**plan, **(summary or {}),
@@ -258,6 +362,21 @@ def newest_stacks(run_dir: Path) -> dict[str, Any] | None:
             "json": str(reports[-1]), "text": str(reports[-1].with_suffix(".txt"))}
 
 
+def stacks_verdict(stacks: dict[str, Any] | None) -> tuple[Exit, str] | None:
+    """Why a stacks action did not read what it was asked for (exit code, reason naming each
+    node and what it lacked), or None when every node answered and the stack of a rank found
+    was read. (No rank found at all, e.g. before torchrun started its workers, is no failure:
+    the report says so.)"""
+    if not stacks:
+        return Exit.ERROR, "stacks: expected a report in the run's stacks/, found none written"
+    errors = stacks.get("errors") or {}
+    if errors:
+        return Exit.ERROR, "; ".join(f"{host}: {error}" for host, error in errors.items())
+    if stacks.get("ranks") and not stacks.get("groups"):
+        return Exit.ERROR, f"stacks: {stacks.get('summary') or 'no stack read'}"
+    return None
+
+
 def run_info(run_dir: Path) -> RunInfo | None:
     """What runs() shows of one run directory; None when it holds no plan."""
     plan = read_json(run_dir / "plan.json")
@@ -265,7 +384,11 @@ def run_info(run_dir: Path) -> RunInfo | None:
         return None
     summary = read_json(run_dir / "summary.json")
     gate = (read_json(run_dir / "preflight.json") or {}).get("gate") or {}
-    if summary:
+    # A cancelled launch's own verdict (api: the driver's note) where the summary has none.
+    cancelled = (read_json(run_dir / DRIVER_FILE) or {}).get("cancelled") or {}
+    if cancelled and (summary or {}).get("state") in (None, "unknown"):
+        state, reason = cancelled.get("state", "cancelled"), cancelled.get("reason", "")
+    elif summary:
         state, reason = summary.get("state", "unknown"), summary.get("reason", "")
     elif gate and not gate.get("ok", True):
         _code, state, reason = _preflight_verdict(gate)

@@ -6,6 +6,7 @@ The definition is the argument spec of the role torchherd.cluster.plan; reading 
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +31,57 @@ def _role_spec() -> dict[str, Any]:
     return spec["argument_specs"]["main"]["options"]
 
 
-def validate(job: dict[str, Any]) -> dict[str, Any]:
+def validate(job: dict[str, Any], source: str | None = None) -> dict[str, Any]:
     """Check the job as the plan role's argument validation does (ansible-core's own validator,
     so the same coercions, such as ``firewall: on``, and the same messages); return it coerced,
-    with defaults filled in."""
+    with defaults filled in. ``source`` (e.g. ``job file job.yml``) heads the message."""
     result = ArgumentSpecValidator(_role_spec()).validate({"torchherd_job": job})
     if result.error_messages:
-        # All but the fix is what ansible-playbook says for the same job, word for word.
-        raise JobSpecError("Validation of arguments failed:\n"
+        typos = "".join(f"{key} is {close}? " for key, close in suggestions(job).items())
+        # All but the head and the fix is what ansible-playbook says for the same job, word
+        # for word.
+        raise JobSpecError((f"{source}: " if source else "")
+                           + "Validation of arguments failed:\n"
                            + "\n".join(result.error_messages)
-                           + "\nfix: correct these keys of the job spec "
+                           + "\nfix: " + (f"did you mean: {typos}" if typos else "")
+                           + "correct these keys of the job spec "
                              "(`torchherd launch --help` lists every key with its type)")
     return result.validated_parameters["torchherd_job"]
+
+
+def suggestions(job: dict[str, Any]) -> dict[str, str]:
+    """The closest job key to each unknown key of ``job`` that is close to one (a typo)."""
+    known = list(job_options())
+    return {key: close[0] for key in job if key not in known
+            for close in [difflib.get_close_matches(str(key), known, n=1)] if close}
+
+
+def nproc_problem(value: Any) -> str | None:
+    """What is wrong with nproc_per_node, a raw option (a positive integer or auto) that the
+    spec's types cannot check: the plan's own words, said before anything runs."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return None
+    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        return None
+    return f"job.nproc_per_node: expected a positive integer or 'auto', found {value!r}"
+
+
+def coerce(key: str, text: str) -> Any:
+    """A flag's value for job key ``key``, coerced by the same validator as the job file's;
+    ValueError says what was expected and what was found."""
+    opt = {k: v for k, v in job_options()[key].items() if k != "required"}
+    result = ArgumentSpecValidator({key: opt}).validate({key: text})
+    if result.error_messages or (key == "nproc_per_node" and nproc_problem(text)):
+        choices = opt.get("choices")
+        expected = ("one of " + ", ".join(map(str, choices)) if choices else
+                    _EXPECTED.get(opt.get("type", "str"), f"a {opt.get('type')}"))
+        raise ValueError(f"expected {expected}, found {text!r}")
+    value = result.validated_parameters[key]
+    return int(value) if key == "nproc_per_node" and value != "auto" else value
+
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false",
+             "raw": "a positive integer or auto", "str": "a string"}
 
 
 def read_job_file(path: str | Path) -> dict[str, Any]:

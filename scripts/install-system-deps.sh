@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the container test cluster needs (tests/cluster/testbed.py).
+# Installs the Debian packages the container test cluster needs (tests/cluster/testbed.py),
+# and tmux for the terminal test (tests/integration/test_terminal.py).
 # Idempotent and fast when everything is present: apt-get only runs for missing packages.
 # Writes no global container configuration: the harness points CONTAINERS_CONF at
 # tests/cluster/containers.conf for every podman call.
@@ -7,7 +8,7 @@ set -euo pipefail
 
 packages=(
   podman runc fuse-overlayfs slirp4netns uidmap debootstrap rsync
-  openssh-client pdsh
+  openssh-client pdsh tmux
 )
 
 missing=()

@@ -432,7 +432,7 @@ def test_rules_the_firewall_role_opened_are_torn_down_after_the_job(make_cluster
     cluster, backends = firewalled_cluster(make_cluster, "fwrole", ["nftables", "iptables"])
     hosts = sorted(node.name for node in cluster.nodes)
     steps = FirewallSteps()
-    job = api._prepare(allreduce_job(), tmp_path)
+    job = api._prepare(allreduce_job(), tmp_path, str(cluster.inventory), "launch")
     outcome = run_playbook("launch", cluster.inventory,
                            {"torchherd_job": job, "torchherd_torchrun_firewall": False},
                            on_event=steps)

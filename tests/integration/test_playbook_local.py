@@ -94,3 +94,44 @@ def test_paths_with_a_tilde_are_the_users_home(tmp_path: Path) -> None:
     plan = json.loads((only_run(home / "runs") / "plan.json").read_text())
     assert plan["job"]["code_src"] == str(home / "src")
     assert not (tmp_path / "~").exists()
+
+
+def _driver_verify(inventory: Path, runs: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "driver", "verify", "-i", str(inventory), "--runs-dir", str(runs),
+         "--json"], cwd=runs.parent, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return json.loads((only_run(runs) / "plan.json").read_text())
+
+
+def test_both_entry_points_verify_without_a_job_and_take_the_inventorys(tmp_path: Path) -> None:
+    # No job anywhere: verify checks the nodes alone, on both entry points.
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    hosts = [line for line in LOCAL_INI.read_text().splitlines()
+             if not line.startswith("torchherd_job=")]
+    (inventory / "hosts.ini").write_text("\n".join(hosts) + "\n")
+    playbook("verify", inventory / "hosts.ini", tmp_path)
+    plan = json.loads((only_run(tmp_path / "runs") / "plan.json").read_text())
+    assert plan["job"]["script"] == "" and plan["code_hash"] is None
+    assert [n["host"] for n in plan["nodes"]] == ["node0", "node1"]
+    assert _driver_verify(inventory / "hosts.ini", tmp_path / "jobless")["job"]["script"] == ""
+    # A job in group_vars: the driver takes it, as ansible-playbook does.
+    (inventory / "group_vars" / "torchherd_nodes.yml").write_text(json.dumps({"torchherd_job": {
+        "script": "allreduce.py", "code_src": str(CHECKOUT / "examples"), "nproc_per_node": 1,
+        "name": "from-group-vars"}}))
+    plan = _driver_verify(inventory / "hosts.ini", tmp_path / "driver")
+    assert plan["job"]["name"] == "from-group-vars" and plan["nproc_per_node"] == 1
+    assert plan["code_files"] > 0
+
+
+def test_an_inline_host_list_is_a_list_of_hosts(tmp_path: Path) -> None:
+    # -i 'a,b,' as ansible-playbook reads it: two hosts (not one INI host named "a,b,"). The
+    # names resolve nowhere, so verify stops at SSH, having named both.
+    proc = subprocess.run(
+        [sys.executable, "-m", "driver", "verify", "-i", "th-a.invalid,th-b.invalid,",
+         "--node-group", "all", "--runs-dir", str(tmp_path / "runs"), "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    doc = json.loads(proc.stdout)
+    assert doc["exit_name"] == "node_unreachable", proc.stderr[-3000:]
+    assert sorted(doc["hosts"]) == ["th-a.invalid", "th-b.invalid"]

@@ -57,3 +57,134 @@ def test_ansible_cores_wrapper_is_stripped_from_the_plans_message():
     node = {"event": "runner_on_failed",
             "event_data": {"host": "n1", "res": {"msg": "Task failed."}}}
     assert _first_message(Outcome(status="failed", rc=2, failures=[node])) == "n1: Task failed."
+
+
+LOCAL = str(Path(__file__).resolve().parents[2] / "inventories" / "local.ini")
+
+
+@pytest.mark.parametrize("start", ["launch_async", "verify_async"])
+def test_a_missing_code_directory_is_raised_before_anything_runs(tmp_path, monkeypatch, start):
+    from driver import api
+    from driver.spec import JobSpecError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    for code_src, found in (("nope", "no such directory"), ("train.py", "a file")):
+        with pytest.raises(JobSpecError, match=f"job key 'code_src': expected a directory on "
+                                               f"this machine .*, found {found}: {code_src} "):
+            getattr(api, start)({"script": "train.py", "code_src": code_src}, LOCAL)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_cli_maps_a_missing_code_directory_to_the_usage_exit(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["launch", "-i", LOCAL, "--code-src", "nope", "--json", "--", "t.py"])
+    assert code == Exit.USAGE
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["exit_name"]) == ("invalid", "usage")
+    assert "job key 'code_src'" in doc["reason"] and "nope" in doc["reason"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_what_the_plan_refuses_is_raised_not_returned(tmp_path):
+    """A run the plan refused (no plan.json) is bad input: wait() raises it, as the driver's own
+    checks do; a planned run's failure is a result."""
+    from driver.api import _result
+    from driver.runner import Outcome
+
+    refusal = {"event": "runner_on_failed", "event_data": {"host": "localhost", "res": {
+        "msg": "torchherd plan: the job cannot start:\n  - node_group: expected gpus"}}}
+    outcome = Outcome(status="failed", rc=2, failures=[refusal])
+    with pytest.raises(UsageError, match="node_group: expected gpus"):
+        _result(tmp_path / "run", "launch", outcome)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "plan.json").write_text("{}")
+    result = _result(tmp_path / "run", "launch", outcome)
+    assert result.exit_code == Exit.ERROR and "node_group: expected gpus" in result.reason
+
+
+def _inventory_with_a_job(tmp_path: Path) -> Path:
+    """An inventory directory as Ansible users write one: the job in the node group's
+    group_vars, with a template of Ansible's own (inventory_dir)."""
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "hosts.ini").write_text("[torchherd_nodes]\nn0 ansible_host=192.0.2.1\n"
+                                         "n1 ansible_host=192.0.2.2\n")
+    (inventory / "group_vars" / "torchherd_nodes.yml").write_text(
+        "torchherd_job:\n  script: train.py\n  code_src: '{{ inventory_dir }}/code'\n"
+        "  nproc_per_node: 4\n  env: {A: '1', B: '2'}\n  master_port: 29600\n")
+    (inventory / "code").mkdir()
+    return inventory / "hosts.ini"
+
+
+def test_the_inventorys_job_is_read_as_ansible_reads_it(tmp_path):
+    from driver.api import inventory_job
+
+    inventory = _inventory_with_a_job(tmp_path)
+    host, job = inventory_job(str(inventory))
+    assert host == "n0" and job["code_src"] == f"{inventory.parent}/code"
+    assert job["nproc_per_node"] == 4 and type(job["env"]) is dict
+    assert inventory_job("192.0.2.7,192.0.2.8,") == ("", {})
+
+
+def test_flags_over_the_job_file_over_the_inventory_over_the_defaults(tmp_path, monkeypatch):
+    from driver.api import _prepare
+
+    monkeypatch.chdir(tmp_path)
+    inventory = str(_inventory_with_a_job(tmp_path))
+    (tmp_path / "job.yml").write_text("master_port: 29700\ntimeout: 60\n")
+    args = cli.build_parser().parse_args(["verify", "-i", inventory, "-j", "job.yml",
+                                          "--master-port", "29800", "-e", "B=3"])
+    job = _prepare(cli.job_from(args), None, inventory, "verify")
+    assert job["master_port"] == 29800 and job["timeout"] == 60  # flag, file
+    assert job["script"] == "train.py" and job["nproc_per_node"] == 4  # inventory
+    assert job["env"] == {"A": "1", "B": "3"}  # -e adds to the inventory's env
+    assert job["backend"] == "auto"  # default
+
+
+def test_a_bad_value_in_the_inventorys_job_names_the_inventory_and_host(tmp_path):
+    from driver.api import _prepare
+
+    inventory = _inventory_with_a_job(tmp_path)
+    (inventory.parent / "group_vars" / "torchherd_nodes.yml").write_text(
+        "torchherd_job: {script: t.py, nproc_per_nod: 2}\n")
+    with pytest.raises(UsageError, match=f"inventory {inventory}: torchherd_job of host n0: "
+                                         f"Validation of arguments failed"):
+        _prepare({}, str(tmp_path / "runs"), str(inventory), "verify")
+
+
+def test_launch_needs_a_script_verify_does_not(tmp_path, monkeypatch):
+    from driver.api import _prepare
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="job key 'script': required"):
+        _prepare({}, None, "192.0.2.7,", "launch")
+    assert _prepare({}, None, "192.0.2.7,", "verify")["script"] == ""
+    assert cli.main(["launch", "-i", "192.0.2.7,"]) == Exit.USAGE
+
+
+def test_a_vaulted_inventory_job_is_read_with_the_callers_vault_password(tmp_path):
+    import subprocess
+    import sys
+
+    inventory = _inventory_with_a_job(tmp_path)
+    password = tmp_path / "vault-pass"
+    password.write_text("pw\n")
+    vaulted = inventory.parent / "group_vars" / "torchherd_nodes.yml"
+    subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt",
+                    "--vault-password-file", str(password), str(vaulted)],
+                   check=True, capture_output=True)
+    assert "$ANSIBLE_VAULT" in vaulted.read_text()
+    # A process of its own: Ansible reads its configuration (here the environment) once.
+    read = ("import sys; from driver.api import inventory_job; "
+            "print(inventory_job(sys.argv[1])[1]['nproc_per_node'])")
+    root = Path(__file__).resolve().parents[2]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "ANSIBLE_VAULT_PASSWORD_FILE": str(password)}
+    done = subprocess.run([sys.executable, "-c", read, str(inventory)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.strip() == "4", done.stderr
+    del env["ANSIBLE_VAULT_PASSWORD_FILE"]
+    done = subprocess.run([sys.executable, "-c", read, str(inventory)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
+    assert "JobSpecError" in done.stderr and "vault_password_file in ansible.cfg" in done.stderr

@@ -17,8 +17,18 @@ import ansible_runner
 import pytest
 from rich.console import Console
 
+from driver.logs import parse_line
 from driver.paths import shipped_collections_path
-from driver.progress import Progress, phase_of
+from driver.progress import (
+    Progress,
+    Row,
+    elapsed,
+    facts_cells,
+    gpus_text,
+    job_line,
+    phase_of,
+    row_cells,
+)
 
 NODES = ("n0", "n1")
 RUN = "progress-test"
@@ -293,3 +303,102 @@ def test_a_module_serving_several_phases_is_told_apart_by_role_and_task_file():
     assert phase_of({"resolved_action": "torchherd.cluster.torchrun_job"}, "") == "status"
     assert phase_of({"resolved_action": "ansible.builtin.assert", "role": "torchrun"},
                     "sync") == "sync"
+
+
+@pytest.mark.parametrize("raw,shown", [
+    ("[default0]:epoch 3 loss 0.12", True),
+    ("[default1]:[rank3]:step 7", True),
+    # torch's and Python's warnings, from a rank or from torchrun itself
+    ("[default0]:/x/torch/distributed/c10d.py:12: UserWarning: barrier() device unknown", False),
+    ("[default0]:  warnings.warn(", False),
+    ("[default0]:[W1125 18:05:51.123 ProcessGroupGloo.cpp:727] Warning: Unable to resolve",
+     False),
+    ("W1125 18:05:51.123000 4242 torch/distributed/run.py:793] ", False),
+    ("WARNING:torch.distributed.run:", False),
+    ("*****************************************", False),
+    ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in default", False),
+    ("[default0]:   ", False),
+    # a launcher without torchrun's prefixes (DeepSpeed): its ranks' lines are shown too
+    ("loss 0.5", True),
+])
+def test_the_job_line_filter(raw, shown):
+    assert job_line(parse_line("n0", 0, 2, raw)) is shown
+
+
+@pytest.mark.parametrize("seconds,text", [
+    (None, ""), (-1, "0s"), (0.4, "0s"), (59.9, "59s"), (60, "1m00s"), (185, "3m05s"),
+    (3599, "59m59s"), (3600, "1h00m"), (7265, "2h01m"), (90061, "25h01m"),
+])
+def test_elapsed_times(seconds, text):
+    assert elapsed(seconds) == text
+
+
+def test_row_cells_count_from_the_start_until_the_end():
+    row = Row(rank="1", phase="watch", state="running", note="r3: [x]", started=100.0)
+    assert row_cells("n[b]", row, 165.5) == [
+        "n\\[b]", "1", "watch", "[cyan]running[/]", "1m05s", "r3: \\[x]"]
+    row.ended = 110.0
+    assert row_cells("n1", row, 9999.0)[4] == "10s"
+    assert row_cells("n1", Row(state="planned"), 1.0)[3:5] == ["planned", ""]
+
+
+def test_a_running_job_shows_time_and_the_last_line_a_rank_printed(events):
+    """The watch's rounds (runner_retry) bring the node's last log line: the table shows the
+    job's words, keeps them over torchrun's and torch's own, and counts the time."""
+    watch = next(i for i, e in enumerate(events) if phase_of(e["event_data"], "") == "watch")
+    progress = Progress("t", now=0.0)
+    start = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
+                       "n0", "start.yml")
+    for event in events[:watch]:
+        progress.update(event, now=10.0)
+    # The recorded start only read the state (the job never ran): as a start that ran it.
+    running = copy.deepcopy(start)
+    running["event_data"]["res"].update(job_state="running", last_line="")
+    progress.update(running, now=10.0)
+    assert progress.rows["n0"].phase == "start"
+    progress.update(events[watch], now=11.0)  # the watch's task starts
+    assert progress.rows["n0"].phase == "watch"
+    wait = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
+                      "n0", "wait.yml")
+    wait["event"] = "runner_retry"
+
+    def round_(line, now):
+        retry = copy.deepcopy(wait)
+        retry["event_data"]["res"].update(job_state="running", last_line=line)
+        progress.update(retry, now=now)
+        return progress.rows["n0"].note
+
+    assert round_("*****************************************", 15.0) == ""
+    assert round_("[default1]:tick 3/16", 20.0) == "r1: tick 3/16"
+    assert round_("[default0]:/t.py:3: UserWarning: careful", 25.0) == "r1: tick 3/16"
+    assert round_("torchrun agent says hello", 27.0) == "r1: tick 3/16"
+    assert round_("[default0]:tick 9/16", 30.0) == "r0: tick 9/16"
+    console = Console(width=120, record=True)
+    console.print(progress.table(now=75.0))
+    text = console.export_text()
+    assert "r0: tick 9/16" in text and "1m05s" in text  # since the start on n0
+    assert "t: watch  1m15s" in text  # since the run began
+    ended = copy.deepcopy(wait)
+    ended["event_data"]["res"].update(job_state="succeeded", last_line="[default0]:done")
+    progress.update(ended, now=40.0)
+    assert row_cells("n0", progress.rows["n0"], 500.0)[4:] == ["30s", "r0: done"]
+
+
+def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():
+    gpu = {"node_rank": 0, "role": "master", "check": "passed", "failed_checks": [],
+           "python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9",
+           "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8,
+           "launchers": {"accelerate": "1.15.0", "deepspeed": None},
+           "interface": {"name": "ib0", "address": "10.0.0.1", "how": "explicit"},
+           "disk_free_bytes": 68660191232}
+    assert facts_cells("gpu0", gpu) == [
+        "gpu0", "0 master", "3.12.3", "2.11.0+cu130", "13.0", "2.28.9",
+        "8 x NVIDIA H100 80GB HBM3", "accelerate 1.15.0", "ib0 10.0.0.1", "63.9 GiB",
+        "[green]passed[/]"]
+    lost = {"node_rank": None, "role": "worker", "check": "unreachable",
+            "failed_checks": ["ssh"], "gpus": [], "launchers": {}, "interface": None,
+            "disk_free_bytes": None}
+    assert facts_cells("n9", lost) == [
+        "n9", "worker", "-", "-", "-", "-", "-", "-", "-", "-", "[red]unreachable: ssh[/]"]
+    assert gpus_text([]) == "cpu"
+    assert gpus_text([{"name": "A"}, {"name": "B"}, {"name": "A"}]) == "2 x A, 1 x B"

@@ -1,7 +1,9 @@
 """Exit codes and states from summary.json / preflight.json (driver.result.verdict)."""
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from driver.result import Exit, read_result, run_info, verdict
@@ -87,3 +89,58 @@ def test_read_result_and_run_info_from_a_run_directory(tmp_path):
     info = run_info(run)
     assert (info.state, info.started_at, info.nodes) == ("failed", 5.0, ["n0", "n1"])
     assert run_info(tmp_path / "missing") is None
+
+
+# What node_facts returned on an H100 node (tests/unit/plugins/filter/test_gate_recorded_gpu.py).
+H100 = json.loads((Path(__file__).resolve().parent / "plugins" / "filter" / "fixtures"
+                   / "h100_node_facts.json").read_text(encoding="utf-8"))
+PLAN = {"master": {"host": "gpu0", "addr": "10.0.0.1", "port": 29500},
+        "nodes": [{"host": "gpu0", "node_rank": 0}, {"host": "gpu1", "node_rank": 1},
+                  {"host": "gpu2", "node_rank": 2}]}
+
+
+def verify_dir(tmp_path, *problems, facts=("gpu0", "gpu1")):
+    run = tmp_path / "r-verify"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps(PLAN))
+    preflight = gate(*problems)
+    preflight["gate"].update(interfaces={"gpu0": {"name": "ib0", "address": "10.0.0.1",
+                                                  "how": "local"}}, nprocs={"gpu0": 1})
+    preflight["facts"] = {host: H100 for host in facts}
+    (run / "preflight.json").write_text(json.dumps(preflight))
+    return run
+
+
+def test_verify_shows_every_node_as_preflight_found_it(tmp_path):
+    run = verify_dir(tmp_path, ("gpu1, gpu0", "torch"), ("gpu2", "ssh"))
+    result = read_result(run, "verify", 2, "")
+    assert list(result.hosts) == ["gpu0", "gpu1", "gpu2"]
+    gpu0 = result.hosts["gpu0"]
+    assert (gpu0["node_rank"], gpu0["role"], gpu0["check"], gpu0["failed_checks"]) == (
+        0, "master", "failed", ["torch"])
+    assert (gpu0["python"], gpu0["torch"], gpu0["cuda"], gpu0["nccl"]) == (
+        "3.12.3", "2.11.0+cu130", "13.0", "2.28.9")
+    assert gpu0["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85017493504}]
+    assert gpu0["interface"] == {"name": "ib0", "address": "10.0.0.1", "how": "local"}
+    assert (gpu0["nproc_per_node"], gpu0["disk_free_bytes"]) == (1, 68660191232)
+    # No interface in the gate: the node's own choice; the launchers it lacks, none.
+    assert result.hosts["gpu1"]["interface"] is None and result.hosts["gpu1"]["role"] == "worker"
+    assert result.hosts["gpu2"]["check"] == "unreachable"
+    assert result.hosts["gpu2"]["torch"] is None and result.hosts["gpu2"]["gpus"] == []
+    # The --json document holds them, as driver/schema.json says.
+    schema = json.loads((Path(__file__).resolve().parents[2] / "driver" / "schema.json")
+                        .read_text(encoding="utf-8"))
+    document = json.loads(json.dumps(result.to_dict()))
+    jsonschema.validate(document, schema)
+    document["hosts"]["gpu0"]["check"] = "fine"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, schema)
+
+
+def test_verify_that_passed_and_one_that_never_gathered(tmp_path):
+    run = verify_dir(tmp_path)
+    result = read_result(run, "verify", 0, "")
+    assert [h["check"] for h in result.hosts.values()] == ["passed", "passed", "unchecked"]
+    assert result.reason == "every check passed"
+    # A launch's hosts stay summary.json's: none before it is written.
+    assert read_result(run, "launch", 2, "boom").hosts == {}

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from driver.paths import collection_dir
-from driver.spec import JobSpecError, job_options, load_job, validate
+from driver.spec import JobSpecError, coerce, job_options, load_job, nproc_problem, validate
 
 
 def test_defaults_filled_from_the_argument_spec():
@@ -41,9 +41,49 @@ def test_every_problem_is_reported_at_once():
     assert str(info.value).count("\n") == 4
 
 
-def test_missing_script():
-    with pytest.raises(JobSpecError, match="missing required arguments: script"):
-        validate({})
+def test_no_script_is_a_job_less_verify():
+    # A launch without one is refused by the driver and by the plan (playbook launch).
+    assert validate({})["script"] == ""
+
+
+def test_a_typod_key_gets_the_closest_one():
+    with pytest.raises(JobSpecError) as info:
+        validate({"script": "t.py", "nproc_per_nod": 2, "zzzzzz": 1}, "job file j.yml")
+    message = str(info.value)
+    assert message.startswith("job file j.yml: Validation of arguments failed:\n")
+    # After Ansible's own words, in the fix.
+    assert "\nfix: did you mean: nproc_per_nod is nproc_per_node? correct these keys" in message
+    assert "zzzzzz is" not in message
+
+
+@pytest.mark.parametrize("value,ok", [
+    ("auto", True), (2, True), ("4", True), (0, False), ("abc", False), (True, False),
+    (-1, False), ("", False), ("Auto", False), (1.5, False),
+])
+def test_nproc_per_node_in_the_plans_words(value, ok):
+    problem = nproc_problem(value)
+    assert (problem is None) == ok
+    if not ok:
+        assert problem == (f"job.nproc_per_node: expected a positive integer or 'auto', found "
+                           f"{value!r}")
+
+
+@pytest.mark.parametrize("key,text,expected", [
+    ("nproc_per_node", "3", 3), ("nproc_per_node", "auto", "auto"), ("detach", "yes", True),
+    ("master_port", "29600", 29600), ("backend", "gloo", "gloo"),
+])
+def test_flag_values_coerced_by_the_same_validator(key, text, expected):
+    assert coerce(key, text) == expected
+
+
+@pytest.mark.parametrize("key,text,expected", [
+    ("nproc_per_node", "x", "expected a positive integer or auto, found 'x'"),
+    ("master_port", "x", "expected an integer, found 'x'"),
+    ("backend", "mpi", "expected one of auto, gloo, nccl, found 'mpi'"),
+])
+def test_bad_flag_values_say_what_was_expected(key, text, expected):
+    with pytest.raises(ValueError, match=expected):
+        coerce(key, text)
 
 
 def test_coerced_as_ansible_coerces():

@@ -154,9 +154,13 @@ class ActionModule(ActionBase):
                 os.unlink(listing.name)
         shown = argv if not ssh else argv[:argv.index("-e")] + argv[argv.index("-e") + 2:]
         if proc.returncode != 0:
-            raise AnsibleActionFail(
-                f"rsync {args['direction']} failed (exit {proc.returncode}): "
-                f"{proc.stderr.strip()[-2000:]}", result={"cmd": shown})
+            # A failed result, not an exception: ansible-core applies a task's failed_when
+            # only to results (collect tolerates a node without the run's directory, which
+            # a launch cancelled before its start leaves).
+            result.update(failed=True, cmd=shown, rc=proc.returncode,
+                          msg=f"rsync {args['direction']} failed (exit {proc.returncode}): "
+                              f"{proc.stderr.strip()[-2000:]}")
+            return result
         changes, files, sent = outcome(proc.stdout, args["direction"])
         result.update(changed=bool(changes), changes=changes[:200], count=len(changes), cmd=shown,
                       transferred_files=files, transferred_bytes=sent)

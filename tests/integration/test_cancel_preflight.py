@@ -1,0 +1,65 @@
+"""Ctrl-C during preflight on the embedded default (inventories/local.ini): the launch says
+that nothing was started (state cancelled, exit code 130), and runs lists it as cancelled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import jsonschema
+
+from driver.paths import CHECKOUT
+
+NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
+
+
+def test_ctrl_c_in_preflight_reports_nothing_started(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hello.py").write_text("print('hello')\n")
+    runs_dir = tmp_path / "runs"
+    run_id = f"cancel-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
+         "--code-src", str(code), "--name", run_id, "--run-id", run_id,
+         "--nproc-per-node", "1", "--runs-dir", str(runs_dir), "--json", "--", "hello.py"],
+        cwd=CHECKOUT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append(line)
+            # Not a terminal: one plain line per phase; the start is three phases later.
+            if line.strip() == "torchherd: preflight":
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            raise AssertionError("no preflight phase seen:\n" + "".join(seen))
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 130, (out + err)[-3000:]
+        doc = json.loads(out)
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["state"] == "cancelled" and doc["exit_name"] == "cancelled"
+        assert "nothing was started" in doc["reason"] and "stopped" not in doc["reason"]
+        assert not any((root / "runs" / run_id / "pid").exists() for root in NODE_ROOTS)
+        listed = subprocess.run([sys.executable, "-m", "driver", "runs", "--runs-dir",
+                                 str(runs_dir), "--json"], cwd=CHECKOUT, env=env,
+                                capture_output=True, text=True, timeout=60, check=True)
+        runs = json.loads(listed.stdout)["runs"]
+        assert [(r["run_id"], r["state"]) for r in runs] == [(run_id, "cancelled")]
+        assert "nothing was started" in runs[0]["reason"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for root in NODE_ROOTS:
+            for sub in ("runs", "code"):
+                subprocess.run(["rm", "-rf", str(root / sub / run_id)], check=False)

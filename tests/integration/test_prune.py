@@ -1,0 +1,80 @@
+"""runs --prune on the embedded default (inventories/local.ini: two nodes on this machine, each
+with its own torchherd_root): two real launches, then a prune that keeps the newest one removes
+the older run's directory on the controller and on both nodes, and leaves the newer's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import jsonschema
+
+from driver.paths import CHECKOUT
+
+# local.ini's torchherd_root of each node; a run lives in <root>/runs/<run_id> there.
+NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
+
+
+def torchherd(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    return subprocess.run([sys.executable, "-m", "driver", *argv], cwd=CHECKOUT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_prune_keeps_the_newest_run_on_the_controller_and_the_nodes(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hello.py").write_text("print('hello')\n")
+    runs_dir = tmp_path / "runs"
+    name = f"prune-{uuid.uuid4().hex[:8]}"
+    older, newer = f"{name}-1", f"{name}-2"
+    try:
+        for run_id in (older, newer):
+            done = torchherd("launch", "-i", "inventories/local.ini", "--code-src", str(code),
+                             "--name", name, "--run-id", run_id, "--nproc-per-node", "1",
+                             "--runs-dir", str(runs_dir), "--", "hello.py")
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        for run_id in (older, newer):
+            assert (runs_dir / run_id).is_dir()
+            assert all((root / "runs" / run_id / "node.log").is_file() for root in NODE_ROOTS)
+
+        prune = ("runs", "--prune", "--keep", "1", "-i", "inventories/local.ini",
+                 "--runs-dir", str(runs_dir), "--json")
+        # A dry run (the default) says what would go, with the nodes' sizes, and removes nothing.
+        dry = torchherd(*prune)
+        assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
+        doc = json.loads(dry.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["dry_run"] and doc["nodes_asked"]
+        assert [(r["run_id"], r["removed"]) for r in doc["runs"]] == [(older, True)]
+        assert {h: n["removed"] for h, n in doc["runs"][0]["nodes"].items()} == \
+            {"node0": True, "node1": True}
+        assert doc["totals"]["node_dirs"] == 2 and doc["totals"]["node_bytes"] > 0
+        assert (runs_dir / older).is_dir()
+        assert all((root / "runs" / older).is_dir() for root in NODE_ROOTS)
+
+        done = torchherd(*prune, "--yes")
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        doc = json.loads(done.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        assert not doc["dry_run"] and doc["totals"]["runs"] == 1
+        assert doc["totals"]["bytes"] > 0 and doc["totals"]["node_bytes"] > 0
+        assert not (runs_dir / older).exists()
+        assert not any((root / "runs" / older).exists() for root in NODE_ROOTS)
+        assert (runs_dir / newer / "plan.json").is_file()
+        assert all((root / "runs" / newer / "node.log").is_file() for root in NODE_ROOTS)
+        # The code directory is every run's of this name: pruning a run leaves it.
+        assert all((root / "code" / name / "hello.py").is_file() for root in NODE_ROOTS)
+        listed = torchherd("runs", "--runs-dir", str(runs_dir), "--json")
+        assert [r["run_id"] for r in json.loads(listed.stdout)["runs"]] == [newer]
+    finally:
+        for root in NODE_ROOTS:
+            shutil.rmtree(root / "code" / name, ignore_errors=True)
+            for run_id in (older, newer):
+                shutil.rmtree(root / "runs" / run_id, ignore_errors=True)

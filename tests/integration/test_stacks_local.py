@@ -1,0 +1,61 @@
+"""stacks on the embedded default (inventories/local.ini) where py-spy is not installed: the
+action fails (exit code 1) naming each node, what it lacks and how to install it; the job runs
+on. Skipped where this machine has py-spy."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from driver.paths import CHECKOUT
+
+NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
+
+pytestmark = pytest.mark.skipif(
+    bool(shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()),
+    reason="py-spy is installed here: nothing is missing")
+
+
+def torchherd(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    return subprocess.run([sys.executable, "-m", "driver", *argv], cwd=CHECKOUT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_stacks_without_py_spy_fail_and_say_how_to_get_it(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    runs_dir = str(tmp_path / "runs")
+    run_id = f"stacks-{uuid.uuid4().hex[:8]}"
+    try:
+        started = torchherd("launch", "-i", "inventories/local.ini", "--code-src", str(code),
+                            "--name", run_id, "--run-id", run_id, "--nproc-per-node", "1",
+                            "--runs-dir", runs_dir, "--detach", "--", "sleeper.py")
+        assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
+        done = torchherd("stacks", run_id, "--runs-dir", runs_dir, "--json")
+        assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+        doc = json.loads(done.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["exit_name"] == "error"
+        for host in ("node0", "node1"):
+            assert f"{host}: py-spy: expected py-spy next to" in doc["reason"], doc["reason"]
+        assert "-m pip install py-spy" in doc["reason"]
+        assert "pip install py-spy" in done.stderr
+        # Reading stacks changes nothing: the job runs on.
+        assert json.loads(torchherd("status", run_id, "--runs-dir", runs_dir,
+                                    "--json").stdout)["state"] == "running"
+    finally:
+        torchherd("stop", run_id, "--runs-dir", runs_dir)
+        for root in NODE_ROOTS:
+            for sub in ("runs", "code"):
+                shutil.rmtree(root / sub / run_id, ignore_errors=True)

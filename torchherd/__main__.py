@@ -1,0 +1,6 @@
+# PYTHON_ARGCOMPLETE_OK
+import sys
+
+from driver.cli import main
+
+sys.exit(main())
