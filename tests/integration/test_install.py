@@ -42,8 +42,10 @@ def installed(tmp_path_factory):
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=CHECKOUT, capture_output=True,
                              check=True).stdout.decode().split("\0")
     for name in filter(None, tracked):
-        if (CHECKOUT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        if (CHECKOUT / name).is_symlink():  # the templates the wheel ships (torchherd/templates)
+            os.symlink(os.readlink(CHECKOUT / name), source / name)
+        elif (CHECKOUT / name).is_file():
             shutil.copy2(CHECKOUT / name, source / name)
     dist = root / "dist"
     started = time.monotonic()
