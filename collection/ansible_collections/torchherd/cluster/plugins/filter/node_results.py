@@ -52,7 +52,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable), C(error), C(last_line), C(started_at), C(ended_at), C(first_output_at), C(checked_at), C(clock_offset), C(logs_fetched), C(sync).
+  description:
+    - Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable),
+      C(error), C(last_line), C(started_at), C(ended_at), C(first_output_at), C(checked_at),
+      C(clock_offset), C(logs_fetched), C(sync).
   type: dict
 """
 
