@@ -347,8 +347,8 @@ def test_cli_preflight_failure_and_usage_error(cluster3, code_src, tmp_path):
     code, stdout, stderr = cli(*launch_argv(cluster3, code_src, tmp_path, "--master-port",
                                             "high"))
     assert code == Exit.USAGE and stdout == ""
-    assert ("argument 'master_port' is of type str found in 'torchherd_job'. and we were "
-            "unable to convert to int" in stderr)
+    # The flag the user typed, what it expects and what it found.
+    assert "argument --master-port: expected an integer, found 'high'" in stderr
 
 
 def test_cli_unreachable_node(cluster3, code_src, tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.torchherd.cluster.plugins.filter.gate import host_identity
 from driver import launch, verify
 from driver.api import Exit
 
@@ -148,3 +149,25 @@ def test_verify_on_a_healthy_cluster(cluster3, tmp_path):
     gate = json.loads((tmp_path / "healthy" / "preflight.json").read_text())["gate"]
     assert gate["ok"] and gate["nproc_per_node"] == 1 and gate["world_size"] == 3
     assert_nothing_started(cluster3, "healthy")
+
+
+def test_small_dev_shm_warns_and_the_nodes_identities_pass(cluster3, tmp_path):
+    # The testbed's nodes run with podman's default /dev/shm (64 MB): two processes a node
+    # warn, and verify passes all the same.
+    result = verify(job("small-shm", nproc_per_node=2), cluster3.inventory, runs_dir=tmp_path)
+    assert result.exit_code == Exit.OK, result.reason
+    assert result.problems == []
+    assert sorted((w["host"], w["check"]) for w in result.warnings) == \
+        [(host, "shm") for host in sorted(result.hosts)]
+    # podman's 64m is 64000 KiB: 62 MiB.
+    assert all(int(w["found"].removesuffix(" MiB")) <= 64 for w in result.warnings), \
+        result.warnings
+    preflight = json.loads((tmp_path / "small-shm" / "preflight.json").read_text())
+    assert preflight["gate"]["warnings"] == result.warnings
+    assert "3 warning(s), the job may start" in preflight["gate"]["table"]
+    # One kernel, so one boot id, a host name each: NCCL tells them apart, as the check says.
+    facts = preflight["facts"]
+    assert len({f["boot_id"] for f in facts.values()}) == 1
+    assert len({f["hostname"] for f in facts.values()}) == 3
+    assert host_identity(facts, {"job": {"env": {}}}) == []
+    assert_nothing_started(cluster3, "small-shm")

@@ -3,16 +3,22 @@ on NVIDIA machines, and CUDA_VISIBLE_DEVICES applied as CUDA applies it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
+    APPS_ARGS,
+    HEALTH,
     SMI_ARGS,
+    SMI_BASE_ARGS,
     driver_version,
     gpu_files,
     parse_information,
     parse_proc,
     parse_smi,
     read_gpus,
+    read_xids,
     visible,
 )
 
@@ -59,7 +65,9 @@ def test_nvidia_smis_answer():
     assert driver == "570.124.06"
     assert gpus[0] == {"index": 0, "uuid": "5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d",
                        "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 1024 * 1024,
-                       "bus": None, "persistence_mode": True, "compute_mode": "Default"}
+                       "bus": None, "persistence_mode": True, "compute_mode": "Default",
+                       # An answer without the health fields (a driver that lacks them).
+                       **dict.fromkeys(key for key, _ in HEALTH)}
     assert (gpus[1]["index"], gpus[1]["persistence_mode"], gpus[1]["compute_mode"]) == \
         (1, False, "Exclusive_Process")
 
@@ -148,3 +156,46 @@ def test_indices_among_gpus_of_other_models_follow_cudas_order():
     assert visible(mixed, "1") is None  # CUDA puts the faster first by default
     assert [g["name"] for g in visible(mixed, "1", "PCI_BUS_ID")] == ["NVIDIA L40S"]
     assert len(visible(mixed, None)) == 2  # all of them, whatever their order
+
+
+STATE = (Path(__file__).resolve().parents[1] / "filter" / "fixtures" / "node_state")
+
+
+def test_the_health_fields_of_nvidia_smis_answer():
+    gpus, driver = parse_smi((STATE / "smi_query_gpu_8xh100.csv").read_text())
+    assert driver == "570.124.06" and len(gpus) == 8
+    assert {k: gpus[5][k] for k, _ in HEALTH} == {
+        "compute_cap": "9.0", "mig_mode": "Disabled", "ecc_uncorrected": 2,
+        "retired_pending": None, "remapped_pending": True}  # H100s retire no pages: [N/A]
+    assert (gpus[3]["compute_mode"], gpus[4]["mig_mode"]) == ("Prohibited", "Enabled")
+
+
+def test_read_asks_both_queries_and_falls_back_to_the_base_one(tmp_path):
+    query = (STATE / "smi_query_gpu_l4.csv").read_text()
+    apps = (STATE / "smi_compute_apps.csv").read_text()
+    smi = tmp_path / "nvidia-smi"
+    # A driver that knows every field, then one that refuses the health fields (exit 2).
+    for health in ("ok", "refused"):
+        smi.write_text(
+            "#!/bin/sh\n"
+            f"[ \"$*\" = \"{' '.join(APPS_ARGS)}\" ] && {{ printf '%s' '{apps}'; exit 0; }}\n"
+            f"[ \"$*\" = \"{' '.join(SMI_ARGS)}\" ] && [ {health} = ok ] && "
+            f"{{ printf '%s' '{query}'; exit 0; }}\n"
+            f"[ \"$*\" = \"{' '.join(SMI_BASE_ARGS)}\" ] && "
+            f"{{ printf '%s' '{SMI.splitlines()[0]}'; exit 0; }}\n"
+            "echo 'Field \"compute_cap\" is not a valid field to query.'; exit 2\n")
+        smi.chmod(0o755)
+        found = read_gpus(str(tmp_path / "none"), smi=str(smi))
+        assert found["source"] == "nvidia-smi"
+        assert [p["pid"] for p in found["processes"]] == [31337, 31400]
+        cap = found["gpus"][0]["compute_cap"]
+        assert cap == ("8.9" if health == "ok" else None)
+
+
+def test_the_kernel_logs_xids_read_as_dev_kmsg_gives_them(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text((STATE / "kmsg_xid.txt").read_text())
+    xids = read_xids(str(log))
+    assert [x.split("): ")[1].split(",")[0] for x in xids] == ["48", "63"]
+    assert read_xids(str(log), limit=1) == xids[1:]
+    assert read_xids(str(tmp_path / "none")) is None  # unreadable: nothing said

@@ -189,3 +189,24 @@ def test_the_nvml_probe_runs_in_a_real_torch(tmp_path):
     py, torch = node_facts.probe_torch(sys.executable, 120, nvml=True)
     assert py["error"] is None and torch["error"] is None, torch
     assert torch["version"].startswith("2.") and torch["gpu_count"] == 0 and torch["gpus"] == []
+
+
+def test_a_cached_probes_gpus_take_the_state_read_now():
+    # The probe cached GPU 0 with persistence on and no errors; since then it went off and
+    # counted ECC errors. The other GPU the driver lists now is none the job sees: not added.
+    cached = {"gpus": [{"index": 0, "uuid": "5d6c", "name": "NVIDIA H100 80GB HBM3",
+                        "persistence_mode": True, "compute_mode": "Default",
+                        "compute_cap": "9.0", "ecc_uncorrected": 0}]}
+    now = {"gpus": [{"index": 0, "uuid": "5d6c", "name": "x", "persistence_mode": False,
+                     "compute_mode": "Prohibited", "compute_cap": "9.0", "mig_mode": "Enabled",
+                     "ecc_uncorrected": 3, "retired_pending": None, "remapped_pending": True},
+                    {"index": 1, "uuid": "0a1b", "persistence_mode": True}]}
+    gpu = node_facts.refresh(cached, now)["gpus"]
+    assert len(gpu) == 1 and gpu[0]["name"] == "NVIDIA H100 80GB HBM3"  # not the state's
+    assert {k: gpu[0][k] for k in node_facts.LIVE} == {
+        "persistence_mode": False, "compute_mode": "Prohibited", "compute_cap": "9.0",
+        "mig_mode": "Enabled", "ecc_uncorrected": 3, "retired_pending": None,
+        "remapped_pending": True}
+    # No driver now (nvidia-smi gone): the probe's stays.
+    assert node_facts.refresh({"gpus": [dict(cached["gpus"][0])]}, None)["gpus"] == \
+        cached["gpus"]

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect import judge
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 
@@ -18,6 +20,11 @@ description:
     versions match across nodes, that rsync is there, that the master port is free on the master,
     that nccl jobs have GPUs and NCCL, that no two nodes share GPUs, that no other run with this
     run id is alive, and resolves O(plan.nproc_per_node=auto).
+  - For nccl jobs, checks the GPUs each node's processes will use (free of other processes, an
+    architecture the torch build has kernels for, a driver new enough for its CUDA, a compute
+    mode that lets the job in), that NCCL tells the nodes apart, and the InfiniBand/RoCE ports;
+    and warns of what slows or endangers a job without stopping it (see RV(warnings)). The
+    checks are listed in the docs' preflight section.
   - Each problem names the host, the check, what was expected, what was found and the fix.
 positional: _input, hostvars, plan
 options:
@@ -63,6 +70,13 @@ _value:
       type: bool
     problems:
       description: One dict per problem with C(host), C(check), C(expected), C(found), C(fix).
+      type: list
+      elements: dict
+    warnings:
+      description:
+        - What makes a job slow or fragile but lets it start, in the same form as RV(problems)
+          (persistence mode off, a small C(/dev/shm), ECC or Xid history, ...), and the
+          problems whose check the job's C(preflight_warn) names.
       type: list
       elements: dict
     nproc_per_node:
@@ -196,6 +210,20 @@ def gate(hosts, hostvars, plan, match=None):
     backend = _backend(job, gpu_counts)
     problems += backend_available(usable, backend, gpu_counts, nprocs)
     problems += duplicate_gpus(usable, backend)
+    warnings = []
+    for host, f in facts.items():
+        for check in NODE_WARNINGS:
+            warnings += check(host, f, nprocs[host], plan)
+    if backend == "nccl":
+        problems += host_identity(usable, plan)
+        for host, f in usable.items():
+            # The GPUs the node's processes take: local rank i uses the i-th one it sees.
+            needed = (f["torch"].get("gpus") or [])[:nprocs[host]]
+            for check in GPU_CHECKS:
+                problems += check(host, f, needed, plan)
+            for check in GPU_WARNINGS:
+                warnings += check(host, f, needed, plan)
+    problems, warnings = downgraded(problems, warnings, job.get("preflight_warn") or [])
     interconnect = _interconnect(hosts, hostvars, job, facts)
     if interconnect:
         problems += [_problem(*p) for p in interconnect.pop("problems")]
@@ -203,13 +231,14 @@ def gate(hosts, hostvars, plan, match=None):
     return {
         "ok": not problems,
         "problems": problems,
+        "warnings": warnings,
         "nproc_per_node": distinct.pop() if len(distinct) == 1 else None,
         "nprocs": nprocs,
         "world_size": sum(nprocs.values()),
         "interfaces": interfaces,
         "backend": backend,
         "interconnect": interconnect,
-        "table": render(rows, problems, interconnect),
+        "table": render(rows, problems, interconnect, warnings),
     }
 
 
@@ -520,15 +549,336 @@ def duplicate_gpus(usable, backend):
     for host, f in usable.items():
         for gpu in f["torch"].get("gpus") or []:
             uuid = gpu.get("uuid")
-            # As nvidia-smi -L shows it (torch gives the UUID without the prefix).
-            key = (uuid if str(uuid).startswith("GPU-") else f"GPU-{uuid}") if uuid \
-                else f"{f.get('hostname')} GPU {gpu.get('index')}"
+            key = _smi_uuid(uuid) if uuid else f"{f.get('hostname')} GPU {gpu.get('index')}"
             owners.setdefault(key, []).append(host)
     return [_problem(", ".join(sharing), "duplicate gpu", "each node its own GPUs",
                      f"{key} seen by all of them",
                      "list one inventory entry per machine, or give each entry "
                      "its own GPUs with CUDA_VISIBLE_DEVICES")
             for key, sharing in owners.items() if len(sharing) > 1]
+
+
+def _smi_uuid(uuid):
+    """As nvidia-smi -L shows it (torch gives the UUID without the prefix)."""
+    return uuid if str(uuid).startswith("GPU-") else f"GPU-{uuid}"
+
+
+def _gpu(gpu):
+    return f"GPU {gpu.get('index')} ({_smi_uuid(gpu.get('uuid'))})"
+
+
+def _mib(count):
+    return f"{count >> 20} MiB"
+
+
+def _version(text):
+    """"580.65.06" -> (580, 65, 6); None where it holds no number."""
+    parts = re.findall(r"\d+", str(text or ""))
+    return tuple(int(p) for p in parts) or None
+
+
+def _env(plan):
+    return plan["job"].get("env") or {}
+
+
+def _ib_used(plan, f):
+    """The node has InfiniBand/RoCE devices and the job's NCCL_IB_DISABLE leaves them on."""
+    return bool(f.get("infiniband")) and str(_env(plan).get("NCCL_IB_DISABLE", "0")).strip() \
+        in ("", "0")
+
+
+PREFLIGHT_WARN_FIX = "; or, to start anyway, add '{check}' to the job's preflight_warn"
+
+# NVIDIA's minimum Linux driver for each CUDA major version under minor version compatibility
+# (CUDA Toolkit release notes, "CUDA Driver" table): any 12.x build runs on >= 525.60.13.
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+MIN_SHM_BYTES = 1 << 30
+
+
+def gpu_busy(host, f, needed, plan):
+    """No process other than this run's holds a GPU the job's processes will use."""
+    suffix = f"/runs/{plan['run_id']}"
+    ours = {pid for run_dir, pids in (f.get("running_jobs") or {}).items()
+            if run_dir.endswith(suffix) for pid in (pids or [])}
+    holders = {}
+    for proc in f.get("gpu_processes") or []:
+        if proc.get("pid") not in ours:
+            holders.setdefault(_smi_uuid(proc.get("gpu_uuid")), []).append(proc)
+    problems = []
+    for gpu in needed:
+        procs = holders.get(_smi_uuid(gpu.get("uuid")))
+        if not procs:
+            continue
+        found = ", ".join(
+            f"pid {p.get('pid')} ({p.get('name') or '?'}"
+            + (f", {_mib(p['used_memory_bytes'])}" if p.get("used_memory_bytes") else "") + ")"
+            for p in procs)
+        problems.append(_problem(
+            host, "gpu busy", f"{_gpu(gpu)} free for the job", f"held by {found}",
+            "stop that process (nvidia-smi lists it; a stale torchherd job: the stop playbook "
+            "with its run id), or give the job other GPUs (CUDA_VISIBLE_DEVICES)"
+            + PREFLIGHT_WARN_FIX.format(check="gpu busy")))
+    return problems
+
+
+def arch_support(cap, arch_list):
+    """How a torch build with `arch_list` runs on a GPU of compute capability `cap` ("9.0"):
+    "sass" (a kernel binary of its major version and a minor one not above its own, as CUDA
+    loads them; sm_90a only on 9.0), "ptx" (only PTX of an architecture not above it, compiled
+    by the driver at the first launch of each kernel) or None (it cannot)."""
+    major, _, minor = str(cap).partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return "sass"  # unknown: nothing to say
+    gpu = (int(major), int(minor))
+    how = None
+    for entry in arch_list:
+        match = re.fullmatch(r"(sm|compute)_(\d+)(\d)([af]?)", str(entry))
+        if not match:
+            continue
+        kind, arch, suffix = match.group(1), (int(match.group(2)), int(match.group(3))), \
+            match.group(4)
+        fits = arch == gpu if suffix == "a" else arch[0] == gpu[0] and arch[1] <= gpu[1]
+        if kind == "sm" and fits:
+            return "sass"
+        if kind == "compute" and (arch == gpu if suffix else arch <= gpu):
+            how = "ptx"
+    return how
+
+
+def _caps(needed):
+    return sorted({g["compute_cap"] for g in needed if g.get("compute_cap")})
+
+
+def gpu_arch(host, f, needed, plan):
+    """The torch build has kernels (or PTX) for the architecture of the job's GPUs."""
+    arch_list = f["torch"].get("arch_list")
+    if not arch_list:
+        return []  # not read (a probe cached before it was): nothing to say
+    return [_problem(
+        host, "gpu arch", f"sm_{cap.replace('.', '')} (or PTX at or below it) in torch "
+        f"{f['torch'].get('version')}'s arch list", " ".join(arch_list),
+        "install a torch build for this GPU (a newer release, or one built for its CUDA "
+        "version) in the job's venv" + PREFLIGHT_WARN_FIX.format(check="gpu arch"))
+        for cap in _caps(needed) if arch_support(cap, arch_list) is None]
+
+
+def cuda_driver(host, f, needed, plan):
+    """The NVIDIA driver is new enough for the CUDA version torch was built with."""
+    torch = f["torch"]
+    cuda, driver = _version(torch.get("cuda")), _version(torch.get("driver"))
+    if not needed or not cuda or not driver or cuda[0] not in MIN_DRIVER:
+        return []
+    minimum = MIN_DRIVER[cuda[0]]
+    if driver >= _version(minimum):
+        return []
+    return [_problem(
+        host, "cuda driver", f"NVIDIA driver >= {minimum} for torch {torch.get('version')} "
+        f"(CUDA {torch.get('cuda')})", f"driver {torch.get('driver')}",
+        "update the node's NVIDIA driver, or install the torch build for a CUDA version this "
+        "driver supports (nvidia-smi's header names it)"
+        + PREFLIGHT_WARN_FIX.format(check="cuda driver"))]
+
+
+def gpu_prohibited(host, f, needed, plan):
+    """No GPU of the job is in compute mode Prohibited (no process may use it)."""
+    return [_problem(
+        host, "gpu compute mode", f"{_gpu(gpu)} usable (compute mode Default or "
+        "Exclusive_Process)", "compute mode Prohibited",
+        f"nvidia-smi -i {gpu.get('index')} -c DEFAULT as root, or give the job other GPUs "
+        "(CUDA_VISIBLE_DEVICES)" + PREFLIGHT_WARN_FIX.format(check="gpu compute mode"))
+        for gpu in needed if str(gpu.get("compute_mode") or "").lower() == "prohibited"]
+
+
+def _hca_selects(spec, device, port):
+    """Whether NCCL_IB_HCA `spec` selects `port` of `device`, as NCCL reads it: entries
+    name[:port], comma-separated, a prefix of the device's name unless the list starts with
+    '=', every device but those with '^'."""
+    spec = spec.strip()
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    named = False
+    for entry in filter(None, (e.strip() for e in spec.lstrip("=").split(","))):
+        name, _, wanted = entry.partition(":")
+        if (device == name if exact else device.startswith(name)) and wanted in ("", port):
+            named = True
+    return named != exclude
+
+
+def rdma_ports(host, f, needed, plan):
+    """The InfiniBand/RoCE ports NCCL will use are up: those NCCL_IB_HCA selects, else at least
+    one (NCCL uses the active ones and falls back to TCP sockets, many times slower, without)."""
+    if not _ib_used(plan, f):
+        return []
+    ports = [(device, port, (info or {}).get("state") or "?")
+             for device, found in sorted(f["infiniband"].items())
+             for port, info in sorted((found or {}).items())]
+    listed = ", ".join(f"{d}:{p} {state}" for d, p, state in ports)
+    spec = str(_env(plan).get("NCCL_IB_HCA") or "")
+    fix = PREFLIGHT_WARN_FIX.format(check="rdma port")
+    if spec:
+        used = [p for p in ports if _hca_selects(spec, p[0], p[1])]
+        down = [p for p in used if p[2] != "ACTIVE"]
+        if used and not down:
+            return []
+        return [_problem(
+            host, "rdma port", f"the ports NCCL_IB_HCA={spec} selects ACTIVE",
+            ", ".join(f"{d}:{p} {state}" for d, p, state in down) if used
+            else f"it selects none of {listed}",
+            "bring the port up (ibstat shows it; cable, switch, subnet manager), or name only "
+            "active ones in NCCL_IB_HCA" + fix)]
+    if any(state == "ACTIVE" for _, _, state in ports):
+        return []
+    return [_problem(
+        host, "rdma port", "an ACTIVE InfiniBand/RoCE port for NCCL", listed,
+        "bring a port up (ibstat shows them; cable, switch, subnet manager), or set "
+        "NCCL_IB_DISABLE=1 in the job's env to run NCCL over TCP" + fix)]
+
+
+# The checks of the GPUs a node's processes use and NCCL's needs, for nccl jobs: refusals.
+GPU_CHECKS = (gpu_busy, gpu_arch, cuda_driver, gpu_prohibited, rdma_ports)
+
+
+def host_identity(usable, plan):
+    """NCCL tells every node from the others (the hash of host name and boot id, or
+    NCCL_HOSTID): nodes it takes for one try shared memory and P2P between machines."""
+    hostid = _env(plan).get("NCCL_HOSTID")
+    owners = {}
+    for host, f in usable.items():
+        if hostid:
+            key = f"NCCL_HOSTID {hostid} (the job's env)"
+        elif f.get("hostname") and f.get("boot_id"):
+            key = f"host name {f['hostname']} and boot id {f['boot_id']}"
+        else:
+            continue
+        owners.setdefault(key, []).append(host)
+    return [_problem(
+        ", ".join(sharing), "host identity", "each node its own identity to NCCL (host name "
+        "and boot id, or NCCL_HOSTID)", f"{key} on all of them",
+        "list one inventory entry per machine; give cloned machines their own host names; "
+        "leave NCCL_HOSTID out of the job's env (or set it per node)"
+        + PREFLIGHT_WARN_FIX.format(check="host identity"))
+        for key, sharing in owners.items() if len(sharing) > 1]
+
+
+# The refusals the job's preflight_warn may turn into warnings.
+DOWNGRADABLE = ("gpu busy", "gpu arch", "cuda driver", "gpu compute mode", "rdma port",
+                "host identity")
+
+
+def downgraded(problems, warnings, checks):
+    """(problems, warnings) with the problems of the `checks` (the job's preflight_warn) moved
+    to the warnings."""
+    moved = [p for p in problems if p["check"] in checks and p["check"] in DOWNGRADABLE]
+    return [p for p in problems if p not in moved], warnings + moved
+
+
+def shm_size(host, f, nprocs, plan):
+    """/dev/shm holds NCCL's buffers between a node's processes and DataLoader workers'
+    batches: a container's default (64 MB) fails them with a bus error or 'No space left'."""
+    size = f.get("shm_bytes")
+    if nprocs < 2 or size is None or size >= MIN_SHM_BYTES:
+        return []
+    return [_problem(host, "shm", f">= {_fmt_bytes(MIN_SHM_BYTES)} of /dev/shm for "
+                     f"{nprocs} processes", _mib(size),
+                     "give the node (container) a larger /dev/shm: podman/docker run "
+                     "--shm-size=8g, or mount -o remount,size=8G /dev/shm as root")]
+
+
+# The warnings of one node's own facts, every backend.
+NODE_WARNINGS = (shm_size,)
+
+
+def persistence(host, f, needed, plan):
+    """Without persistence mode the driver sets each GPU up at every process start (1-3 s)."""
+    off = [gpu for gpu in needed if gpu.get("persistence_mode") is False]
+    if not off:
+        return []
+    return [_problem(host, "persistence mode", "persistence mode on for the job's GPUs",
+                     "off on " + ", ".join(_gpu(g) for g in off),
+                     "run nvidia-persistenced (systemctl enable --now nvidia-persistenced), "
+                     "or nvidia-smi -pm 1 as root")]
+
+
+def gpu_memory_errors(host, f, needed, plan):
+    """Uncorrected ECC errors, or retired pages / remapped rows waiting for a reset: the GPU's
+    memory is failing, a job on it may crash or compute wrong."""
+    problems = []
+    for gpu in needed:
+        found = []
+        if gpu.get("ecc_uncorrected"):
+            found.append(f"{gpu['ecc_uncorrected']} uncorrected ECC errors since the driver "
+                         "loaded")
+        if gpu.get("retired_pending"):
+            found.append("retired pages pending")
+        if gpu.get("remapped_pending"):
+            found.append("remapped rows pending")
+        if found:
+            problems.append(_problem(
+                host, "gpu memory", f"{_gpu(gpu)} without uncorrected ECC errors or pending "
+                "retirements", ", ".join(found),
+                f"drain the node and reset the GPU (nvidia-smi -i {gpu.get('index')} -r as root, "
+                "or reboot); if it comes back, report it to the machine's owner"))
+    return problems
+
+
+def xid_errors(host, f, needed, plan):
+    """Xid errors since boot: the driver saw a GPU fault (fallen off the bus, double-bit ECC,
+    a hung kernel)."""
+    xids = f.get("xid") or []
+    if not needed or not xids:
+        return []
+    return [_problem(host, "xid", "no Xid errors in the kernel log since boot",
+                     f"{len(xids)}, the last: {xids[-1][:200]}",
+                     "look the Xid up in NVIDIA's Xid catalog; most ask for a GPU reset or "
+                     "reboot, some for the machine's owner")]
+
+
+def gpu_sharing(host, f, needed, plan):
+    """Exclusive_Process lets one process have the GPU (a second one, a stray CUDA init in a
+    DataLoader worker or every rank on cuda:0, fails); MIG splits it into instances NCCL cannot
+    join."""
+    problems = []
+    for gpu in needed:
+        if str(gpu.get("compute_mode") or "").lower() == "exclusive_process":
+            problems.append(_problem(
+                host, "gpu compute mode", f"{_gpu(gpu)} shared (compute mode Default)",
+                "Exclusive_Process: a second process on it fails",
+                f"nvidia-smi -i {gpu.get('index')} -c DEFAULT as root where anything but one "
+                "rank touches it"))
+        if str(gpu.get("mig_mode") or "").lower() == "enabled":
+            problems.append(_problem(
+                host, "mig", f"{_gpu(gpu)} whole (MIG off)", "MIG enabled",
+                f"nvidia-smi -i {gpu.get('index')} -mig 0 as root (then reset the GPU); NCCL "
+                "does not communicate between MIG instances"))
+    return problems
+
+
+def gpu_arch_ptx(host, f, needed, plan):
+    """A GPU that the build has only PTX for: the driver compiles every kernel at its first
+    launch (minutes, each process; cached in ~/.nv/ComputeCache)."""
+    arch_list = f["torch"].get("arch_list") or []
+    return [_problem(host, "gpu arch", f"sm_{cap.replace('.', '')} kernels in torch "
+                     f"{f['torch'].get('version')}", f"only PTX ({' '.join(arch_list)})",
+                     "install a torch build with kernels for this GPU, or expect the first "
+                     "steps to take minutes while the driver compiles")
+            for cap in _caps(needed) if arch_list and arch_support(cap, arch_list) == "ptx"]
+
+
+def memlock(host, f, needed, plan):
+    """RDMA locks (registers) the buffers NCCL sends from: a small ulimit -l fails it."""
+    limit = f.get("memlock")
+    if not _ib_used(plan, f) or limit in (None, "unlimited"):
+        return []
+    return [_problem(host, "memlock", "ulimit -l unlimited where NCCL uses InfiniBand/RoCE",
+                     _mib(int(limit)),
+                     "set memlock unlimited for the job's user (/etc/security/limits.conf: "
+                     "'* - memlock unlimited'; LimitMEMLOCK=infinity for sshd's unit; "
+                     "--ulimit memlock=-1 for a container)")]
+
+
+# The warnings of the GPUs a node's processes use and NCCL's needs, for nccl jobs.
+GPU_WARNINGS = (persistence, gpu_memory_errors, xid_errors, gpu_sharing, gpu_arch_ptx, memlock)
 
 
 def _rows(hosts, facts, interfaces, gpu_counts, nprocs):
@@ -574,7 +924,7 @@ def _interconnect(hosts, hostvars, job, facts):
     return verdict
 
 
-def render(rows, problems, interconnect=None):
+def render(rows, problems, interconnect=None, warnings=()):
     head = ["node", "hostname", "python", "torch", "cuda", "nccl", "gpus", "procs", "interface"]
     lines = _table(head, rows)
     measure = (interconnect or {}).get("allreduce")
@@ -587,9 +937,12 @@ def render(rows, problems, interconnect=None):
                   + (f"threshold {threshold:.3g} GB/s ({interconnect['threshold_why']})"
                      if threshold else "no threshold")
                   + (f"; measured by run {reused['run_id']}" if reused else "")]
-    if problems:
-        lines += ["", f"{len(problems)} problem(s):"]
-        for p in problems:
+    for title, listed in (("problem(s)", problems),
+                          ("warning(s), the job may start", warnings)):
+        if not listed:
+            continue
+        lines += ["", f"{len(listed)} {title}:"]
+        for p in listed:
             lines += [f"  {p['host']}: {p['check']}",
                       f"    expected: {p['expected']}",
                       f"    found:    {p['found']}",

@@ -7,12 +7,15 @@ the driver's files under /proc. Asking torch instead initializes CUDA in the job
 Each GPU: index (as CUDA numbers the visible ones; in PCI order where a node's GPUs are of
 other models, which CUDA orders by speed), uuid (without nvidia-smi's C(GPU-) prefix, as torch
 gives it), name, memory_bytes, persistence_mode and compute_mode (None from /proc, which does not
-say them), bus (the PCI address, None from nvidia-smi).
+say them), bus (the PCI address, None from nvidia-smi), and what preflight judges the GPU's health
+by (see HEALTH): compute_cap, mig_mode, ecc_uncorrected, retired_pending, remapped_pending (None
+where the source or the GPU does not say).
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import os
 import re
 import shutil
@@ -20,7 +23,18 @@ import subprocess
 
 SMI_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "persistence_mode",
               "compute_mode")
-SMI_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits"]
+# The GPU's health, by the key each GPU carries: a driver older than one of these fields refuses
+# the whole query, which is then asked again without them (SMI_BASE_ARGS).
+HEALTH = (("compute_cap", "compute_cap"), ("mig_mode", "mig.mode.current"),
+          ("ecc_uncorrected", "ecc.errors.uncorrected.volatile.total"),
+          ("retired_pending", "retired_pages.pending"),
+          ("remapped_pending", "remapped_rows.pending"))
+_FORMAT = "--format=csv,noheader,nounits"
+SMI_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS + tuple(field for _key, field in HEALTH)), _FORMAT]
+SMI_BASE_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS), _FORMAT]
+# Processes holding a GPU (another user's, a stale job's); process_name last, as it may hold
+# commas that nvidia-smi does not quote.
+APPS_ARGS = ["--query-compute-apps=gpu_uuid,pid,used_memory,process_name", _FORMAT]
 # nvidia-smi initializes the driver where no persistence daemon keeps it: about a second per GPU
 # at worst, and a hung GPU must not hang preflight.
 SMI_TIMEOUT = 15
@@ -41,14 +55,20 @@ def parse_smi(text):
     """(GPUs, driver version) from nvidia-smi's CSV answer to SMI_ARGS; ValueError where a line
     is not one."""
     gpus, driver = [], None
+    fields = SMI_FIELDS + tuple(field for _key, field in HEALTH)
     for row in csv.reader(text.splitlines(), skipinitialspace=True):
         if not row:
             continue
-        if len(row) != len(SMI_FIELDS) or not row[0].strip().isdigit():
+        if len(row) not in (len(SMI_FIELDS), len(fields)) or not row[0].strip().isdigit():
             raise ValueError(f"not a GPU of nvidia-smi's query: {','.join(row)!r}")
-        values = dict(zip(SMI_FIELDS, (field.strip() for field in row)))
+        values = dict(zip(fields, (field.strip() for field in row)))
         memory = _known(values["memory.total"])
         persistence = _known(values["persistence_mode"])
+        health = {key: _known(values.get(field, "")) for key, field in HEALTH}
+        ecc = health["ecc_uncorrected"]
+        health["ecc_uncorrected"] = int(ecc) if ecc and ecc.isdigit() else None
+        for key in ("retired_pending", "remapped_pending"):
+            health[key] = None if health[key] is None else health[key] == "Yes"
         gpus.append({"index": int(values["index"]), "uuid": _uuid(values["uuid"]),
                      "name": values["name"],
                      "memory_bytes": int(memory) * 1024 * 1024 if memory
@@ -56,9 +76,66 @@ def parse_smi(text):
                      "bus": None,
                      "persistence_mode": None if persistence is None
                      else persistence == "Enabled",
-                     "compute_mode": _known(values["compute_mode"])})
+                     "compute_mode": _known(values["compute_mode"]), **health})
         driver = driver or _known(values["driver_version"])
     return gpus, driver
+
+
+def parse_apps(text):
+    """The processes of nvidia-smi's answer to APPS_ARGS: gpu_uuid (without C(GPU-)), pid,
+    used_memory_bytes (None where it does not say, as in a container), name."""
+    found = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split(",", 3)]
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue  # "No running processes found" from older drivers
+        memory = _known(parts[2])
+        found.append({"gpu_uuid": _uuid(parts[0]), "pid": int(parts[1]),
+                      "used_memory_bytes": int(memory) * 1024 * 1024 if memory
+                      and memory.isdigit() else None,
+                      "name": parts[3] if len(parts) > 3 else None})
+    return found
+
+
+def xid_lines(records):
+    """The kernel log's Xid reports (NVRM: Xid ...) among `records` (/dev/kmsg's, each
+    "prio,seq,usec,flags;text"), their text only."""
+    found = []
+    for record in records:
+        text = record.partition(";")[2] if ";" in record else record
+        if "NVRM: Xid" in text:
+            found.append(text.strip())
+    return found
+
+
+def read_xids(path="/dev/kmsg", limit=20):
+    """The last `limit` Xid reports the kernel logged since boot (as far as its ring buffer
+    goes); None where the log cannot be read (no CAP_SYSLOG with dmesg_restrict, a container
+    without /dev/kmsg)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    records = []
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break  # the end of the log so far
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue  # a record overwritten while reading: go on with the next
+                return None
+            if not chunk:
+                break
+            # One record a read from /dev/kmsg (its continuation lines start with a space).
+            text = chunk.decode("utf-8", errors="replace")
+            if "NVRM: Xid" in text:
+                records.extend(text.splitlines())
+    finally:
+        os.close(fd)
+    return xid_lines(records)[-limit:]
 
 
 def parse_information(text):
@@ -79,10 +156,11 @@ def parse_proc(files):
         fields = parse_information(files[bus] or "")
         if fields.get("GPU Excluded", "No").lower().startswith("y"):
             continue
-        gpus.append({"index": len(gpus), "uuid": _uuid(fields.get("GPU UUID", "")),
-                     "name": fields.get("Model"), "memory_bytes": None,
-                     "bus": (fields.get("Bus Location") or bus).lower(),
-                     "persistence_mode": None, "compute_mode": None})
+        gpus.append(dict({"index": len(gpus), "uuid": _uuid(fields.get("GPU UUID", "")),
+                          "name": fields.get("Model"), "memory_bytes": None,
+                          "bus": (fields.get("Bus Location") or bus).lower(),
+                          "persistence_mode": None, "compute_mode": None},
+                         **dict.fromkeys(key for key, _field in HEALTH)))
     return gpus
 
 
@@ -121,17 +199,40 @@ def read_gpus(proc, smi=None, timeout=SMI_TIMEOUT):
     smi = smi if smi is not None else shutil.which("nvidia-smi")
     if smi:
         try:
-            answer = subprocess.run([smi] + SMI_ARGS, capture_output=True, text=True,
-                                    timeout=timeout, check=False)
-            if answer.returncode == 0:
-                gpus, driver = parse_smi(answer.stdout)
-                return {"gpus": gpus, "driver": driver, "source": "nvidia-smi"}
+            return dict(_ask_smi(smi, timeout), source="nvidia-smi")
         except (OSError, ValueError, subprocess.TimeoutExpired):
             pass  # the driver's files may still tell
     files = gpu_files(proc)
     if files is None:
         return None
-    return {"gpus": parse_proc(files), "driver": driver_version(proc), "source": "proc"}
+    return {"gpus": parse_proc(files), "driver": driver_version(proc), "source": "proc",
+            "processes": None}
+
+
+def _ask_smi(smi, timeout):
+    """{gpus, driver, processes} from nvidia-smi: the GPU query and the processes' at once (two
+    processes side by side: nvidia-smi answers one query a call); ValueError where it fails."""
+    apps = subprocess.Popen([smi] + APPS_ARGS, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        answer = subprocess.run([smi] + SMI_ARGS, capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        if answer.returncode != 0:
+            answer = subprocess.run([smi] + SMI_BASE_ARGS, capture_output=True, text=True,
+                                    timeout=timeout, check=False)
+        if answer.returncode != 0:
+            raise ValueError(answer.stderr.strip() or answer.stdout.strip())
+        gpus, driver = parse_smi(answer.stdout)
+        try:
+            out = apps.communicate(timeout=timeout)[0]
+            processes = parse_apps(out) if apps.returncode == 0 else None
+        except subprocess.TimeoutExpired:
+            processes = None
+    finally:
+        if apps.poll() is None:
+            apps.kill()
+            apps.wait()
+    return {"gpus": gpus, "driver": driver, "processes": processes}
 
 
 def visible(gpus, cuda_visible_devices, device_order=None):

@@ -13,6 +13,9 @@ description:
   - Reports the job interpreter and its torch build (version, CUDA, NCCL, gloo, GPUs), the
     node's host name and addresses, whether the master port is free, free disk at torchherd's
     directory, and jobs of torchherd still running there.
+  - Reports what NCCL and the GPUs need of the node as it is now - the processes holding its
+    GPUs, the GPUs' modes and ECC state, Xid errors in the kernel log, the host identity NCCL
+    uses, C(/dev/shm), the locked-memory limit, InfiniBand/RoCE ports - for the gate's checks.
   - Replaces C(gather_facts) for launches, with one module call per node and nothing else.
   - The torch probe runs in a subprocess of the job's interpreter, which may differ from the
     one running this module (a venv, say).
@@ -52,8 +55,8 @@ options:
         only while everything it depends on is unchanged - the interpreter, the torch install
         (its files' times), C(LD_LIBRARY_PATH), C(CUDA_VISIBLE_DEVICES), C(CUDA_DEVICE_ORDER),
         the NVIDIA driver version and the GPUs the driver lists (model, UUID, bus) - so a
-        reinstall, a driver update or a GPU gone missing probes again. The GPUs' persistence and
-        compute modes are as that probe read them.
+        reinstall, a driver update or a GPU gone missing probes again. The GPUs' state (modes,
+        ECC and page counts) and the processes holding them are read on every call.
       - Stored in C(<root>/.torch-probe.json).
     type: int
     default: 0
@@ -119,10 +122,15 @@ torch:
       (accelerate, deepspeed) for that interpreter, null where one is not installed.
     - C(gpus) are the GPUs the job sees (C(CUDA_VISIBLE_DEVICES) applied), each with C(index),
       C(uuid) (without the C(GPU-) prefix), C(name), C(memory_bytes), C(bus),
-      C(persistence_mode) and C(compute_mode) (null where their source does not say);
+      C(persistence_mode) and C(compute_mode), C(compute_cap) (C(9.0)), C(mig_mode)
+      (C(Enabled), C(Disabled)), C(ecc_uncorrected) (volatile uncorrected ECC errors),
+      C(retired_pending) and C(remapped_pending) (retired pages or remapped rows waiting for a
+      GPU reset) (null where their source does not say; from C(proc), all of these are null);
       C(gpus_from) says where they were read (C(nvidia-smi), C(proc), or C(torch), whose
       entries have the first four only) and C(driver) is the NVIDIA driver's version (null
       without one). C(gpu_count) is torch's count.
+    - C(arch_list) is C(torch.cuda.get_arch_list()), the GPU architectures the build has kernels
+      (C(sm_90)) or PTX (C(compute_90)) for; empty without CUDA.
   returned: always
   type: dict
   sample:
@@ -133,7 +141,10 @@ torch:
     gpu_count: 1
     gpus:
       - {index: 0, uuid: 5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d, name: NVIDIA H100 80GB HBM3,
-         memory_bytes: 85520809984, bus: null, persistence_mode: true, compute_mode: Default}
+         memory_bytes: 85520809984, bus: null, persistence_mode: true, compute_mode: Default,
+         compute_cap: "9.0", mig_mode: Disabled, ecc_uncorrected: 0, retired_pending: null,
+         remapped_pending: false}
+    arch_list: [sm_75, sm_80, sm_86, sm_90, sm_100, sm_120]
     gpus_from: nvidia-smi
     driver: 570.124.06
     nccl: 2.28.9
@@ -200,6 +211,43 @@ running_jobs:
   returned: always
   type: dict
   sample: {}
+gpu_processes:
+  description:
+    - The processes holding a GPU now (C(nvidia-smi --query-compute-apps)), each with
+      C(gpu_uuid) (without C(GPU-)), C(pid), C(used_memory_bytes) and C(name); null where
+      nvidia-smi is not there to say.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{gpu_uuid: 5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d, pid: 4242, used_memory_bytes: 1048576000, name: python3}]
+xid:
+  description: The NVIDIA driver's Xid reports in the kernel log since boot (the last 20), from
+    C(/dev/kmsg); null where the log cannot be read (no C(CAP_SYSLOG)) or there is no driver.
+  returned: always
+  type: list
+  elements: str
+  sample: ["NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus."]
+boot_id:
+  description: C(/proc/sys/kernel/random/boot_id); with the host name, how NCCL tells hosts apart.
+  returned: always
+  type: str
+  sample: 2f1d3c4b-0a9e-4b8f-9d7c-6e5f4a3b2c1d
+shm_bytes:
+  description: The size of C(/dev/shm), null where there is none.
+  returned: always
+  type: int
+  sample: 67108864
+memlock:
+  description: The locked-memory limit (C(ulimit -l)) the job inherits, in bytes, or C(unlimited).
+  returned: always
+  type: raw
+  sample: unlimited
+infiniband:
+  description: The InfiniBand/RoCE devices under C(/sys/class/infiniband), each port's C(state)
+    and C(link_layer); empty without any.
+  returned: always
+  type: dict
+  sample: {mlx5_0: {"1": {state: ACTIVE, link_layer: InfiniBand}}}
 """
 
 import hashlib
@@ -215,10 +263,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
+    HEALTH,
     gpu_files,
     read_gpus,
+    read_xids,
     visible,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import host_facts
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import distributions
 from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import (
     interfaces,
@@ -264,7 +315,11 @@ try:
     for i in range(0 if nvml else t["gpu_count"]):
         p = torch.cuda.get_device_properties(i)
         t["gpus"].append({"index": i, "name": p.name, "memory_bytes": int(p.total_memory),
-                          "uuid": str(getattr(p, "uuid", "") or "")})
+                          "uuid": str(getattr(p, "uuid", "") or ""),
+                          "compute_cap": "%d.%d" % (p.major, p.minor)})
+    # The architectures this build has kernels for (sm_90) or PTX (compute_90): read from the
+    # build, no CUDA context.
+    t["arch_list"] = list(torch.cuda.get_arch_list()) if t["cuda_available"] else []
     if t["nccl_available"] and t["cuda_available"]:
         v = torch.cuda.nccl.version()
         t["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
@@ -300,6 +355,10 @@ def describe():
 
 # The NVIDIA driver's files: its version and one directory per GPU (read without a CUDA context).
 NVIDIA_PROC = "/proc/driver/nvidia"
+# probe reads the driver itself unless given its answer (None: there is no driver).
+_UNREAD = object()
+# A GPU's state that is read on every call, a cached probe or not.
+LIVE = ("persistence_mode", "compute_mode") + tuple(key for key, _field in HEALTH)
 # What changes the GPUs or the libraries the job's torch finds.
 FINGERPRINT_ENV = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME",
                    "NCCL_HOME")
@@ -338,11 +397,12 @@ def fingerprint(python, timeout):
     return json.loads(json.dumps(key))
 
 
-def cached_probe(python, timeout, root, max_age):
-    """probe, reusing the last good answer while its fingerprint is unchanged."""
+def cached_probe(python, timeout, root, max_age, driver=_UNREAD):
+    """probe, reusing the last good answer while its fingerprint is unchanged; `driver` is
+    read_gpus's answer where the caller has it."""
     key = fingerprint(python, timeout) if max_age > 0 else None
     if key is None:
-        py, torch = probe(python, timeout)
+        py, torch = probe(python, timeout, driver)
         return py, dict(torch, cached=False)
     # One file per root; a root on a shared file system holds one entry per node.
     name = f"{socket.gethostname()} {python}"
@@ -354,7 +414,7 @@ def cached_probe(python, timeout, root, max_age):
             return entry["python"], dict(entry["torch"], cached=True)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    py, torch = probe(python, timeout)
+    py, torch = probe(python, timeout, driver)
     if torch.get("version") and not torch.get("error"):
         try:
             with open(path, encoding="utf-8") as handle:
@@ -375,11 +435,11 @@ def cached_probe(python, timeout, root, max_age):
     return py, dict(torch, cached=False)
 
 
-def probe(python, timeout):
+def probe(python, timeout, driver=_UNREAD):
     """The job interpreter's torch (probe_torch) with the GPUs the driver lists (see _gpus):
     torch's CUDA lists them only where neither nvidia-smi nor the driver's files are there, or
     where CUDA_VISIBLE_DEVICES names them in a way that only CUDA can resolve."""
-    driver = read_gpus(NVIDIA_PROC)
+    driver = read_gpus(NVIDIA_PROC) if driver is _UNREAD else driver
     shown = None if driver is None else visible(
         driver["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"),
         os.environ.get("CUDA_DEVICE_ORDER"))
@@ -392,6 +452,17 @@ def probe(python, timeout):
             # gets; a CPU build of torch gets none.
             torch["gpus"] = shown if torch.get("cuda_available") else []
     return py, torch
+
+
+def refresh(torch, driver):
+    """The GPUs' state as the driver tells it now, over a cached probe's: modes and errors can
+    change between launches, the GPUs themselves cannot (the probe's fingerprint has them)."""
+    now = {gpu["uuid"]: gpu for gpu in (driver or {}).get("gpus") or []}
+    for gpu in torch.get("gpus") or []:
+        live = now.get(gpu.get("uuid"))
+        if live:
+            gpu.update((key, live[key]) for key in LIVE if key in live)
+    return torch
 
 
 def probe_torch(python, timeout, nvml=False):
@@ -457,7 +528,10 @@ def main():
     p = module.params
     python = p["python"] or sys.executable
     root = os.path.abspath(p["root"])
-    py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"])
+    # Once per call, cached probe or not: who holds the GPUs and their health change any time.
+    driver = read_gpus(NVIDIA_PROC)
+    py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"], driver)
+    refresh(torch, driver)
     ifaces = interfaces()
     code_hash = None
     code_dir = os.path.abspath(p["code_dir"]) if p["code_dir"] else ""
@@ -480,6 +554,9 @@ def main():
         py_spy=py_spy_path(python),
         code_hash=code_hash,
         running_jobs=all_runs_with_processes(),
+        gpu_processes=(driver or {}).get("processes"),
+        xid=read_xids() if driver else None,
+        **host_facts()
     )
 
 

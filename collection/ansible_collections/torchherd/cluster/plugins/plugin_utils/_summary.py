@@ -427,6 +427,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
         # raw result (preflight.json has those).
         "interconnect": {k: v for k, v in (plan.get("interconnect") or {}).items()
                          if k != "results"} or None,
+        # What preflight warned of and let start (persistence mode off, a small /dev/shm, ...).
+        "preflight_warnings": plan.get("preflight_warnings") or [],
     }
 
 
