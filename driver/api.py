@@ -370,10 +370,15 @@ def _cancelled(run_dir: Path, reason: str, state: str | None = None,
     result.exit_code, result.reason = Exit.CANCELLED, reason
     if state is not None:
         result.state = state
-        note = read_json(run_dir / DRIVER_FILE) or {}
-        note["cancelled"] = {"state": state, "reason": reason}
-        (run_dir / DRIVER_FILE).write_text(json.dumps(note) + "\n", encoding="utf-8")
+        _note_verdict(run_dir, "cancelled", state, reason)
     return result
+
+
+def _note_verdict(run_dir: Path, key: str, state: str, reason: str) -> None:
+    """The verdict of a run no summary.json tells (runs() reads it): in the driver's note."""
+    note = read_json(run_dir / DRIVER_FILE) or {}
+    note[key] = {"state": state, "reason": reason}
+    (run_dir / DRIVER_FILE).write_text(json.dumps(note) + "\n", encoding="utf-8")
 
 
 def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
@@ -465,7 +470,10 @@ def verify_async(job: dict[str, Any], inventory: str | Path, *,
                                    verbosity=verbosity)
             if outcome.cancelled:
                 return _cancelled(run_dir, "cancelled", action="verify")
-            return _result(run_dir, "verify", outcome)
+            result = _result(run_dir, "verify", outcome)
+            if (run_dir / "plan.json").exists():
+                _note_verdict(run_dir, "verify", result.state, result.reason)
+            return result
         finally:
             _forget_unplanned(run_dir)
 

@@ -443,6 +443,10 @@ class Ui:
         for problem in result.problems:
             self.say(f"  {problem['host']}: {problem['check']}: expected {problem['expected']}, "
                      f"found {problem['found']}; fix: {problem.get('fix', '')}", "red")
+        for warning in result.warnings:
+            self.say(f"  warning {warning['host']}: {warning['check']}: expected "
+                     f"{warning['expected']}, found {warning['found']}; fix: "
+                     f"{warning.get('fix', '')}", "yellow")
         style = "green" if result.ok else "red"
         if result.action == "launch" and result.sync:
             sync = result.sync

@@ -98,6 +98,7 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     problems: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[dict[str, str]] = field(default_factory=list)  # preflight's, the job started
     world_size: int | None = None
     nproc_per_node: int | str | None = None  # 'auto' until preflight resolved it
     nnodes: str | None = None  # "3", or MIN:MAX for elastic rendezvous
@@ -125,7 +126,8 @@ class RunResult:
             "world_size": self.world_size, "nproc_per_node": self.nproc_per_node,
             "nnodes": self.nnodes, "master": self.master, "merged_log": self.merged_log,
             "hosts": self.hosts, "timings": self.timings, "sync": self.sync,
-            "problems": self.problems, "interconnect": self.interconnect, "hang": self.hang,
+            "problems": self.problems, "warnings": self.warnings,
+            "interconnect": self.interconnect, "hang": self.hang,
             "stacks": self.stacks,
         }
 
@@ -330,6 +332,7 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
                      exit_code=code, reason=reason, hosts=hosts,
                      timings=(summary or {}).get("timings") or {}, summary=summary or {},
                      problems=list(gate.get("problems") or []),
+                     warnings=list(gate.get("warnings") or []),
                      world_size=layout.get("world_size"),
                      nproc_per_node=layout.get("nproc_per_node"),
                      nnodes=layout.get("nnodes"), master=layout.get("master"),
@@ -385,11 +388,16 @@ def run_info(run_dir: Path) -> RunInfo | None:
     summary = read_json(run_dir / "summary.json")
     gate = (read_json(run_dir / "preflight.json") or {}).get("gate") or {}
     # A cancelled launch's own verdict (api: the driver's note) where the summary has none.
-    cancelled = (read_json(run_dir / DRIVER_FILE) or {}).get("cancelled") or {}
+    note = read_json(run_dir / DRIVER_FILE) or {}
+    cancelled = note.get("cancelled") or {}
+    # A verify writes no summary: its verdict is the driver's note too.
+    verified = note.get("verify") or {}
     if cancelled and (summary or {}).get("state") in (None, "unknown"):
         state, reason = cancelled.get("state", "cancelled"), cancelled.get("reason", "")
     elif summary:
         state, reason = summary.get("state", "unknown"), summary.get("reason", "")
+    elif verified:
+        state, reason = verified.get("state", "unknown"), verified.get("reason", "")
     elif gate and not gate.get("ok", True):
         _code, state, reason = _preflight_verdict(gate)
     else:

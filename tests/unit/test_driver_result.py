@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from driver.result import Exit, read_result, run_info, verdict
+from driver.result import DRIVER_FILE, Exit, read_result, run_info, verdict
 
 
 def summary(state, *host_states, reason="r"):
@@ -144,3 +144,30 @@ def test_verify_that_passed_and_one_that_never_gathered(tmp_path):
     assert result.reason == "every check passed"
     # A launch's hosts stay summary.json's: none before it is written.
     assert read_result(run, "launch", 2, "boom").hosts == {}
+
+
+def test_preflights_warnings_pass_verify_and_are_in_the_json(tmp_path):
+    run = verify_dir(tmp_path)
+    preflight = json.loads((run / "preflight.json").read_text())
+    warning = {"host": "gpu0", "check": "shm", "expected": ">= 1.0 GiB of /dev/shm for 2 "
+               "processes", "found": "62 MiB", "fix": "--shm-size=8g"}
+    preflight["gate"]["warnings"] = [warning]
+    (run / "preflight.json").write_text(json.dumps(preflight))
+    result = read_result(run, "verify", 0, "")
+    assert result.exit_code == Exit.OK and result.warnings == [warning]
+    assert result.hosts["gpu0"]["check"] == "passed"  # a warning fails no node
+    schema = json.loads((Path(__file__).resolve().parents[2] / "driver" / "schema.json")
+                        .read_text(encoding="utf-8"))
+    document = json.loads(json.dumps(result.to_dict()))
+    jsonschema.validate(document, schema)
+    assert document["warnings"] == [warning]
+
+
+def test_runs_lists_a_passed_verify_by_the_drivers_note_not_as_unknown(tmp_path):
+    """A verify writes no summary.json: without the driver's note it would look like a launch
+    still in progress (unknown), which runs --prune keeps."""
+    run = verify_dir(tmp_path)
+    assert run_info(run).state == "unknown"
+    (run / DRIVER_FILE).write_text(json.dumps(
+        {"verify": {"state": "verified", "reason": "every check passed"}}))
+    assert (run_info(run).state, run_info(run).reason) == ("verified", "every check passed")
