@@ -626,7 +626,7 @@ def arch_support(cap, arch_list):
     "sass" (a kernel binary of its major version and a minor one not above its own, as CUDA
     loads them; sm_90a only on 9.0), "ptx" (only PTX of an architecture not above it, compiled
     by the driver at the first launch of each kernel) or None (it cannot)."""
-    major, _, minor = str(cap).partition(".")
+    major, _dot, minor = str(cap).partition(".")
     if not (major.isdigit() and minor.isdigit()):
         return "sass"  # unknown: nothing to say
     gpu = (int(major), int(minor))
@@ -699,7 +699,7 @@ def _hca_selects(spec, device, port):
     exact = spec.startswith("=")
     named = False
     for entry in filter(None, (e.strip() for e in spec.lstrip("=").split(","))):
-        name, _, wanted = entry.partition(":")
+        name, _colon, wanted = entry.partition(":")
         if (device == name if exact else device.startswith(name)) and wanted in ("", port):
             named = True
     return named != exclude
@@ -727,7 +727,7 @@ def rdma_ports(host, f, needed, plan):
             else f"it selects none of {listed}",
             "bring the port up (ibstat shows it; cable, switch, subnet manager), or name only "
             "active ones in NCCL_IB_HCA" + fix)]
-    if any(state == "ACTIVE" for _, _, state in ports):
+    if any(port[-1] == "ACTIVE" for port in ports):
         return []
     return [_problem(
         host, "rdma port", "an ACTIVE InfiniBand/RoCE port for NCCL", listed,
