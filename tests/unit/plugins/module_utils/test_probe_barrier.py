@@ -5,6 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
+
+from ansible_collections.torchherd.cluster.plugins.module_utils import _probe
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
     ABORT,
     GO,
@@ -266,3 +269,107 @@ def test_a_node_the_master_cannot_reach_back_stops_the_start(monkeypatch):
                                                   "on the node?)"}
     assert results[1]["back_error"] is None and "called off" in results[1]["error"]
     assert "could not open a connection to this node at 127.0.0.3" in results[2]["back_error"]
+
+
+def test_every_node_connects_to_every_other_at_its_interface_address():
+    """The pairs: three nodes on their own addresses, each back port answers the other two.
+    The master's job interface (127.0.0.4) is not the master address: the others prove it."""
+    port = free_port()
+    seen: dict = {}
+    real = _probe.connect_back
+
+    def counted(address, port, token, timeout, source=None):
+        seen.setdefault(source, set()).add(address)
+        return real(address, port, token, timeout, source)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_probe, "connect_back", counted)
+        results = all_at_once([
+            lambda: barrier("127.0.0.1", port, "r1", 2, 5, listen=True, expect=3,
+                            source="127.0.0.4", name="n0"),
+            lambda: barrier("127.0.0.1", port, "r1", 2, 5, source="127.0.0.2", name="n1"),
+            lambda: barrier("127.0.0.1", port, "r1", 2, 5, source="127.0.0.3", name="n2"),
+        ])
+    assert [result["go"] for result in results] == [True, True, True]
+    assert not any("pairs_failed" in result for result in results)
+    # Every node reached both others from its own address (None: the master's connections
+    # back, before the pairs).
+    assert seen["127.0.0.4"] == {"127.0.0.2", "127.0.0.3"}
+    assert seen["127.0.0.2"] == {"127.0.0.4", "127.0.0.3"}
+    assert seen["127.0.0.3"] == {"127.0.0.4", "127.0.0.2"}
+
+
+def closed_to_its_peers(port, name, source):
+    """A node that lets the master back in and then no one (its port closes): what a node whose
+    firewall admits the master's address alone looks like to its peers."""
+    reachable, error, kept = connect("127.0.0.1", port, TOKEN, 2, 5, keep=True, source=source)
+    assert reachable, error
+    back = _probe._BackPort(source, TOKEN, 10)
+    back.start()
+    kept.sock.sendall(f"back {back.port} {name}\n".encode())
+    assert back.reached.wait(5)
+    back.close()
+    return back.port, wait_word(kept, 10, (back, TOKEN, 1))
+
+
+def test_a_pair_that_cannot_connect_calls_the_start_off_on_every_node_naming_it():
+    port = free_port()
+    master, node1, (closed_port, (word, said)) = all_at_once([
+        lambda: barrier("127.0.0.1", port, "r1", 1, 5, listen=True, expect=3, name="n0"),
+        lambda: barrier("127.0.0.1", port, "r1", 1, 5, source="127.0.0.2", name="n1"),
+        lambda: closed_to_its_peers(port, "n2", "127.0.0.3"),
+    ])
+    assert (master["go"], node1["go"], word) == (False, False, ABORT)
+    assert master["served"] == 3 and master["back_failed"] == {}
+    found = {(p["host"], p["check"]) for p in master["pairs_failed"]}
+    assert found == {("n0 -> n2", "peers reachable"), ("n1 -> n2", "peers reachable")}
+    # Every node has the master's list, and says it.
+    assert node1["pairs_failed"] == master["pairs_failed"] == said
+    for problem in said:
+        assert f"127.0.0.3:{closed_port}" in problem["expected"]
+        assert problem["found"].startswith("connection refused")
+    assert node1["error"].startswith("the start was called off on every node: ")
+    assert f"n1 -> n2: peers reachable: expected a TCP connection from n1 (127.0.0.2) to n2 " \
+           f"at 127.0.0.3:{closed_port}" in node1["error"]
+    assert "fix: allow TCP from 127.0.0.2 to 127.0.0.3 on any port" in node1["error"]
+    # Nothing of the barrier holds the port: the next launch can bind it.
+    again, error = bind(port)
+    assert error is None
+    again.close()
+
+
+def test_check_peers_names_each_peer_it_cannot_reach_and_skips_itself():
+    mine = _probe._BackPort("127.0.0.1", TOKEN, 10)
+    mine.start()
+    other = _probe._BackPort("127.0.0.2", TOKEN, 10)
+    other.start()
+    gone = free_port()
+    try:
+        failed = _probe.check_peers(
+            [["me", "127.0.0.1", mine.port], ["ok", "127.0.0.2", other.port],
+             ["gone", "127.0.0.4", gone]], mine, TOKEN, 1)
+    finally:
+        mine.close()
+        other.close()
+    assert failed == [["gone", "127.0.0.4", gone,
+                       "connection refused (rejected: a firewall on the node?)"]]
+    assert other.reached.is_set() and not mine.reached.is_set()
+
+
+def test_the_pairs_message_names_both_nodes_the_addresses_and_the_port():
+    problem = _probe.pair_problem("node2", "10.1.0.3", "node3", "10.1.0.4", 29531,
+                                  "timed out after 3 s (dropped: a firewall on the node?)")
+    assert problem["host"] == "node2 -> node3" and problem["check"] == "peers reachable"
+    assert "from node2 (10.1.0.3) to node3 at 10.1.0.4:29531" in problem["expected"]
+    assert problem["found"].startswith("timed out after 3 s")
+    assert "allow TCP from 10.1.0.3 to 10.1.0.4" in problem["fix"]
+    said = _probe.describe([problem] * 7)
+    assert said.startswith("node2 -> node3: peers reachable: expected ")
+    assert said.count("node2 -> node3") == 5 and said.endswith("and 2 more")
+
+
+def test_the_pairs_take_a_round_of_connections_per_64_peers():
+    assert _probe.pair_seconds(1, 3) == 1  # one node: nothing to connect
+    assert _probe.pair_seconds(32, 3) == 7  # 31 peers at once: one round
+    assert _probe.pair_seconds(65, 3) == 7
+    assert _probe.pair_seconds(66, 3) == 13

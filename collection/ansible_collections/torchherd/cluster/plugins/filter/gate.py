@@ -422,6 +422,9 @@ def reachable(facts, hostvars, plan):
                f"({'named by you' if iface.get('how') == 'explicit' else 'its route to ' + addr}):"
                f" name one that reaches the master with torchherd_socket_ifname or "
                f"socket_ifname" if via else "")))
+    # The barrier's all-pairs proof, on the master: every pair of nodes that could not connect
+    # on the job's interfaces, each already a problem of this template (module_utils/_probe).
+    problems += list(_probe(hostvars, master).get("pairs_failed") or [])
     return problems
 
 

@@ -9,18 +9,36 @@ Both ways: after the token, every node names a port it listens on at the address
 from (its job interface's), and the master connects back to it there. The job's peers do the
 same (gloo and NCCL listen on every node, at the interface's address, on ports the kernel
 picks), so a node whose firewall drops them, or whose address has no way back, is found here
-and not as a hang at init."""
+and not as a hang at init.
+
+All pairs, in the barrier: gloo and NCCL connect every rank to every other, not only to the
+master. Once every node came and was reached back, the master tells each node every node's
+port (the same kernel-picked port at its job interface's address, open to the master already),
+each connects to all the others at once and reports the ones it could not reach, and the master
+says go only where none failed. It costs a node one connection per peer, in parallel, in the
+barrier's own round trips (see pair_seconds)."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 GO = "go"
 ABORT = "abort"
+PEERS = "peers"
+PAIRS = "pairs"
+# Connections a node opens at once to its peers: every one of them where there are up to this
+# many, in rounds beyond.
+PARALLEL = 64
+# What a line of the pairs' exchange may carry (a list of every node, or of failed pairs).
+LONG_LINE = 1 << 20
+# The failed pairs the master names with its abort: a node shut to all is N - 1 of them.
+MOST_PAIRS = 100
 
 
 def bind(port):
@@ -63,6 +81,9 @@ class Listener(threading.Thread):
         # Address a node connected from -> why the master could not connect back (None: it
         # could); filled by one thread per node, so that a slow node delays nobody.
         self.back = {}
+        # With `hold`, every node that named its way back: name, address, port (None where it
+        # could not listen there) and its connection, for the pairs (prove_pairs).
+        self.entries = []
         self._checks = []
         self._lock = threading.Lock()
 
@@ -99,20 +120,67 @@ class Listener(threading.Thread):
             words = _read_line(conn, self.timeout).split()
         except OSError:
             words = []
-        if len(words) == 2 and words[0] == BACK and words[1].isdigit():
-            error = connect_back(address, int(words[1]), self.token, self.timeout)
-        else:
-            error = None  # a probe that offers no way back (nothing to check)
+        port = int(words[1]) if len(words) >= 2 and words[0] == BACK and words[1].isdigit() \
+            else None
+        # A probe that offers no way back has nothing to check.
+        error = connect_back(address, port, self.token, self.timeout) if port is not None \
+            else None
         with self._lock:
             self.back[address] = error
             if self.hold:
                 self.held.append(conn)
+                if len(words) >= 2 and words[0] == BACK:
+                    self.entries.append({"name": words[2] if len(words) > 2 else address,
+                                         "address": address, "port": port, "conn": conn})
                 return
         conn.close()
 
     def back_failed(self):
         """Address -> error of every node the master could not connect back to."""
         return {address: error for address, error in self.back.items() if error}
+
+    def prove_pairs(self, timeout):
+        """Tells every held node every node's port and collects the pairs each could not
+        connect; the problems (pair_problem), empty where every pair connected."""
+        targets = [[e["name"], e["address"], e["port"]] for e in self.entries
+                   if e["port"] is not None]
+        if len(targets) < 2:
+            return []
+        said = f"{PEERS} {json.dumps(targets)}\n".encode()
+        for entry in self.entries:
+            try:
+                entry["conn"].sendall(said)
+            except OSError:
+                pass  # its report does not come: named below
+        # Every node connects at once, so the reports come at about the same time: one
+        # deadline for all of them.
+        seconds = pair_seconds(len(targets), timeout)
+        deadline = time.monotonic() + seconds
+        problems = []
+        for entry in self.entries:
+            try:
+                line = _read_line(entry["conn"], max(0.05, deadline - time.monotonic()),
+                                  LONG_LINE)
+            except OSError:
+                line = ""
+            head, _sep, rest = line.partition(" ")
+            try:
+                failed = json.loads(rest) if head == PAIRS else None
+            except ValueError:
+                failed = None
+            if not isinstance(failed, list):
+                problems.append(_problem(
+                    entry["name"], "peers reachable",
+                    f"{entry['name']} to report within {seconds:g} s which of the job's other "
+                    f"nodes it could open a TCP connection to",
+                    "no report (the node's barrier ended, or its connection to the master "
+                    "broke)",
+                    f"see the node log of {entry['name']}, and launch again"))
+                continue
+            for peer, address, port, error in failed:
+                problems.append(pair_problem(entry["name"], entry["address"], peer, address,
+                                             port, error))
+        return problems
 
     def release(self, word):
         """Tell every held connection `word`; the nodes close first, so that no TIME_WAIT
@@ -135,11 +203,11 @@ class Listener(threading.Thread):
 BACK = "back"
 
 
-def _read_line(conn, timeout):
+def _read_line(conn, timeout, limit=256):
     """One line from a socket without buffering past it (the master's word comes later)."""
     conn.settimeout(timeout)
     data = b""
-    while not data.endswith(b"\n") and len(data) < 256:
+    while not data.endswith(b"\n") and len(data) < limit:
         chunk = conn.recv(1)
         if not chunk:
             break
@@ -147,22 +215,29 @@ def _read_line(conn, timeout):
     return data.decode(errors="replace").strip()
 
 
-def connect_back(address, port, token, timeout):
-    """The master's connection to a node's back port: None, or why it failed."""
+def connect_back(address, port, token, timeout, source=None):
+    """The master's connection to a node's back port (and a peer's, from its own address
+    `source`): None, or why it failed."""
     try:
-        with socket.create_connection((address, port), timeout=timeout) as sock:
+        with socket.create_connection((address, port), timeout=timeout,
+                                      source_address=(source, 0) if source else None) as sock:
             answer = _read_line(sock, timeout)
     except socket.timeout:
         return f"timed out after {timeout:g} s (dropped: a firewall on the node?)"
     except ConnectionRefusedError:
         return "connection refused (rejected: a firewall on the node?)"
     except OSError as exc:
-        return exc.strerror or str(exc)
+        if source and exc.errno == errno.EADDRNOTAVAIL:
+            return f"{source} is not an address of this node"
+        return "no route to host" if exc.errno == errno.EHOSTUNREACH \
+            else (exc.strerror or str(exc))
     return None if answer.encode() + b"\n" == token else f"something else answered: {answer!r}"
 
 
 class _BackPort(threading.Thread):
-    """A node's port for the master's connection back, at the address it connected from."""
+    """A node's port for the master's connection back, at the address it connected from, and
+    in the barrier for every peer's after it (the master's comes first: the master names the
+    peers only once it connected back to every node)."""
 
     def __init__(self, address, token, seconds):
         super().__init__(daemon=True)
@@ -170,25 +245,30 @@ class _BackPort(threading.Thread):
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.sock.bind((address, 0))
-            self.sock.listen(1)
+            # Every peer connects at once: a short backlog would drop their SYNs, and each
+            # dropped one costs a second before the kernel sends it again.
+            self.sock.listen(socket.SOMAXCONN)
         except OSError:
             self.sock.close()
             raise
-        self.port = self.sock.getsockname()[1]
-        self.token, self.seconds = token.encode() + b"\n", seconds
+        self.address, self.port = address, self.sock.getsockname()[1]
+        self.token, self.deadline = token.encode() + b"\n", time.monotonic() + seconds
         self.reached = threading.Event()
 
     def run(self):
         try:
-            self.sock.settimeout(self.seconds)
-            conn = self.sock.accept()[0]
-            try:
-                conn.sendall(self.token)
-            finally:
-                conn.close()
-            self.reached.set()
+            while True:
+                self.sock.settimeout(max(0.05, self.deadline - time.monotonic()))
+                conn = self.sock.accept()[0]
+                try:
+                    conn.sendall(self.token)
+                except OSError:
+                    pass
+                finally:
+                    conn.close()
+                self.reached.set()
         except OSError:
-            pass
+            pass  # closed (close()) or its time is up
         finally:
             self.sock.close()
 
@@ -201,29 +281,33 @@ class _BackPort(threading.Thread):
         self.sock.close()
 
 
-def _offer_back(sock, token, seconds):
-    """Listen at the connection's local address and tell the master the port; None where
-    the node cannot listen there (it says so, and the master checks nothing back)."""
+def _offer_back(sock, token, seconds, name=None):
+    """Listen at the connection's local address and tell the master the port (and this node's
+    name, for the pairs' messages); None where the node cannot listen there (it says so, and
+    the master checks nothing back)."""
     try:
         back = _BackPort(sock.getsockname()[0], token, seconds)
     except OSError:
         back = None
     else:
         back.start()
+    named = f" {name}" if name and not any(c.isspace() for c in name) else ""
     try:
-        sock.sendall(f"{BACK} {back.port if back else '-'}\n".encode())
+        sock.sendall(f"{BACK} {back.port if back else '-'}{named}\n".encode())
     except OSError:
         return None
     return back
 
 
-def back_error(back, address, seconds):
-    """Why the master did not reach this node back, or None."""
+def back_error(back, address, seconds, close=True):
+    """Why the master did not reach this node back, or None. With `close`, the back port
+    closes (else the peers still connect to it)."""
     if back is None:
         return None
     reached = back.reached.wait(seconds)
-    back.close()
-    back.join(1)
+    if close:
+        back.close()
+        back.join(1)
     if reached:
         return None
     return (f"the master could not open a connection to this node at {address} (as the job's "
@@ -239,9 +323,9 @@ class _Lines:
         self.sock = sock
         self.reader = sock.makefile("rb")
 
-    def line(self, timeout):
+    def line(self, timeout, limit=256):
         self.sock.settimeout(timeout)
-        return self.reader.readline(256).decode(errors="replace").strip()
+        return self.reader.readline(limit).decode(errors="replace").strip()
 
     def close(self):
         self.reader.close()
@@ -291,18 +375,86 @@ def connect(host, port, token, timeout, window, keep=False, source=None):
         return True, None, None
 
 
-def wait_word(lines, seconds):
-    """The master's word on a kept connection: (GO or ABORT, the gang port the master named
-    with its go, or None); ABORT if it never comes."""
+def wait_word(lines, seconds, peers=None):
+    """The master's word on a kept connection, (GO, the gang port the master named with its
+    go, or None) or (ABORT, the problems it named with its abort: a list, maybe empty); ABORT
+    if it never comes. Where the master first names the peers, `peers` (this node's back port,
+    its token and connect timeout) connects to them and the report goes back before the word."""
     try:
-        words = lines.line(seconds).split()
-    except OSError:
-        words = []
+        while True:
+            head, _sep, rest = lines.line(seconds, LONG_LINE).partition(" ")
+            if head != PEERS:
+                break
+            failed = check_peers(json.loads(rest), *peers) if peers else []
+            lines.sock.sendall(f"{PAIRS} {json.dumps(failed)}\n".encode())
+    except (OSError, ValueError):
+        head, rest = ABORT, ""
     finally:
         lines.close()
-    if words and words[0] == GO:
-        return GO, int(words[1]) if len(words) > 1 and words[1].isdigit() else None
-    return ABORT, None
+    if head == GO:
+        return GO, int(rest) if rest.isdigit() else None
+    try:
+        problems = json.loads(rest) if rest else []
+    except ValueError:
+        problems = []
+    return ABORT, problems if isinstance(problems, list) else []
+
+
+def pair_seconds(count, timeout):
+    """At most how long `count` nodes take to connect every pair: a round of PARALLEL
+    connections per node, each `timeout` to connect and `timeout` for the token, and a second
+    for the reports."""
+    rounds = -(-max(count - 1, 0) // PARALLEL)
+    return rounds * 2 * timeout + 1
+
+
+def check_peers(peers, back, token, timeout):
+    """[peer's name, address, port, error] of every peer (name, address, port) this node
+    could not open a connection to, from its own address: all at once, as gloo and NCCL
+    connect every rank to every other at init."""
+    own = (back.address, back.port) if back is not None else None
+    source = back.address if back is not None else None
+    targets = [p for p in peers if own is None or (p[1], p[2]) != own]
+    if not targets:
+        return []
+    said = token.encode() + b"\n"  # as the back ports answer it
+    with ThreadPoolExecutor(max_workers=min(PARALLEL, len(targets))) as pool:
+        errors = list(pool.map(
+            lambda p: connect_back(p[1], p[2], said, timeout, source), targets))
+    return [[p[0], p[1], p[2], e] for p, e in zip(targets, errors) if e]
+
+
+def _problem(host, check, expected, found, fix):
+    """One problem in the template the gate's table uses."""
+    return {"host": host, "check": check, "expected": str(expected), "found": str(found),
+            "fix": fix}
+
+
+def pair_problem(node, source, peer, address, port, error):
+    """Why `node` (at its job interface's address `source`) could not connect to `peer` at
+    address:port, the port `peer` listened on during the barrier."""
+    return _problem(
+        f"{node} -> {peer}", "peers reachable",
+        f"a TCP connection from {node} ({source}) to {peer} at {address}:{port}, a port the "
+        f"kernel picked on {peer}'s job interface, as gloo and NCCL connect every node to every "
+        f"other",
+        error,
+        f"allow TCP from {source} to {address} on any port (the job's firewall: mode members "
+        f"lets the job's nodes in; mode ports needs the ports gloo and NCCL are pinned to), "
+        f"check the route between them both ways, or name interfaces of {node} and {peer} that "
+        f"reach each other (torchherd_socket_ifname)")
+
+
+def describe(problems, most=5):
+    """Problems in one message, each as "host: check: expected ...; found ...; fix: ...",
+    the first `most` of them."""
+    said = []
+    for p in problems[:most]:
+        said.append(f"{p['host']}: {p['check']}: expected {p['expected']}; found {p['found']}; "
+                    f"fix: {p['fix']}")
+    if len(problems) > most:
+        said.append(f"and {len(problems) - most} more")
+    return " | ".join(said)
 
 
 def run_token(run_id):
@@ -310,7 +462,8 @@ def run_token(run_id):
     return f"torchherd-{run_id}"
 
 
-def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False, source=None):
+def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False, source=None,
+          name=None):
     """One node's part of the probe, run on every node at once: the master (`listen`) answers up
     to `expect` nodes for `window` seconds while every node, the master too, connects to
     host:port, retries a refused connection for `window` seconds and waits `timeout` seconds
@@ -320,9 +473,10 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     Returns (result, held). result: reachable, error, seconds (to connect and read the token),
     address (the local address the node connected from), back_error (why the master could not
     connect back to it, or None), and on the master listening, served and back_failed (address
-    -> error). With `hold`, held is what the barrier decides on: the master's Listener keeping
-    the nodes' connections (for release()), or a node's (kept connection, back port) for
-    wait_word(); else None."""
+    -> error). With `hold`, held is what the barrier decides on: (the master's Listener keeping
+    the nodes' connections, for prove_pairs() and release(), or None on the other nodes; this
+    node's kept connection, for wait_word(); its back port, still open for the peers); else
+    None. `name` is how this node is named in the pairs' messages (its address without it)."""
     started = time.monotonic()
     result = {"back_error": None}
     listener = None
@@ -339,46 +493,78 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     back = None
     if reachable:
         result["address"] = kept.sock.getsockname()[0]
-        back = _offer_back(kept.sock, token, window + 2 * timeout + 5)
+        back = _offer_back(kept.sock, token, _held_seconds(window, timeout, expect), name)
     if listener is None and hold:
-        return result, (kept, back)
-    if kept is not None:
+        return result, (None, kept, back)
+    if kept is not None and not hold:
         kept.close()
     if listener is not None:
         # The other nodes are still connecting: answer them until all came or time is up.
         listener.join()
         result.update(served=listener.served, back_failed=listener.back_failed())
     if reachable:
-        result["back_error"] = back_error(back, result["address"], timeout + 1)
-    return result, listener if hold else None
+        result["back_error"] = back_error(back, result["address"], timeout + 1, close=not hold)
+    return result, (listener, kept, back) if hold else None
+
+
+def _held_seconds(window, timeout, expect):
+    """How long a node waits for the master's word: every node's coming, the connections
+    back, the pairs."""
+    return window + 2 * timeout + 5 + pair_seconds(expect, timeout)
 
 
 def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=None,
-            gang=None):
-    """The probe as a start barrier: every node reaches the master port and the master reaches
-    every node back, or none starts.
+            gang=None, name=None):
+    """The probe as a start barrier: every node reaches the master port, the master reaches
+    every node back, and every node reaches every other (the pairs), or none starts.
 
     The probe's result plus `go`: the master tells each node to go only once all `expect`
-    nodes have come and it reached each of them back, and to abort otherwise. With `gang` (a
-    listening socket, on the master) the go names its port, and every node's result has
-    `gang_port`: the node-side gang (see _gang) meets there."""
-    result, held = probe(host, port, run_token(run_id), timeout, window, listen, expect,
-                         hold=True, source=source)
+    nodes have come, it reached each of them back and no pair failed, and to abort otherwise.
+    With `gang` (a listening socket, on the master) the go names its port, and every node's
+    result has `gang_port`: the node-side gang (see _gang) meets there. Where pairs failed,
+    every node's result has `pairs_failed` (the problems, at most MOST_PAIRS) and `error`
+    names them. `name` names this node in those (see probe)."""
+    token = run_token(run_id)
+    result, held = probe(host, port, token, timeout, window, listen, expect, hold=True,
+                         source=source, name=name)
+    listener, kept, back = held or (None, None, None)
+    seconds = _held_seconds(window, timeout, expect)
     if listen:
         go = (result["reachable"] and result["served"] >= expect and not result["back_failed"]
               and not result["back_error"])
-        if held is not None:
+        # The master's own node answers the pairs as every node does, on its own connection.
+        mine = threading.Thread(target=wait_word, args=(kept, seconds, (back, token, timeout)),
+                                daemon=True) if kept is not None else None
+        if mine is not None:
+            mine.start()
+        failed = listener.prove_pairs(timeout)[:MOST_PAIRS] if go else []
+        go = go and not failed
+        if listener is not None:
             word = GO if not go or gang is None else f"{GO} {gang.getsockname()[1]}"
-            held.release(word if go else ABORT)
+            listener.release(word if go else
+                             f"{ABORT} {json.dumps(failed)}" if failed else ABORT)
+        if mine is not None:
+            mine.join(seconds)
+        if back is not None:
+            back.close()
+        if failed:
+            result.update(pairs_failed=failed, error=called_off(failed))
         return dict(result, go=go, gang_port=gang.getsockname()[1] if gang else None)
     if not result["reachable"]:
         return dict(result, go=False)
-    kept, back = held
-    word, result["gang_port"] = wait_word(kept, window + 2 * timeout + 5)
+    word, said = wait_word(kept, seconds, (back, token, timeout))
     go = word == GO
+    result["gang_port"] = said if go else None
     # The master decided after its connections back: by now this node's was made or not.
     result["back_error"] = back_error(back, result["address"], 0.5)
-    if not go and not result["back_error"]:
+    if not go and said:
+        result.update(pairs_failed=said, error=called_off(said))
+    elif not go and not result["back_error"]:
         result["error"] = (f"the start was called off: not every node reached {host}:{port} "
                            f"(and was reached back) within {window:g} s")
     return dict(result, go=go)
+
+
+def called_off(problems):
+    """What every node says where the pairs called the start off."""
+    return f"the start was called off on every node: {describe(problems)}"

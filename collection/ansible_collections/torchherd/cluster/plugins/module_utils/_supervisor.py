@@ -164,7 +164,7 @@ def _meet(m, paths, stop):
             return None, f"the gang's port: {error}"
     result = barrier(m["master_addr"], m["master_port"], m["run_id"], m["timeout"],
                      m["window"], listen=m["listen"], expect=m["expect"], source=m["source"],
-                     gang=gang_sock)
+                     gang=gang_sock, name=m["name"])
     record(paths, "barrier", where="supervisors", **barrier_seen(result))
     if not result["go"]:
         if gang_sock is not None:
@@ -273,7 +273,9 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
             terminate(paths["dir"], proc.pid, grace)
             code = proc.wait()
     except _CalledOff as exc:
-        _say(f"the start was called off: {exc}")
+        why = str(exc)  # the barrier's own words may say it already
+        _say(why if why.startswith("the start was called off") else
+             f"the start was called off: {why}")
         write_atomic(paths["pid"], f"{os.getpid()} {proc_start_time(os.getpid())}")
         code = 1
     except OSError as exc:

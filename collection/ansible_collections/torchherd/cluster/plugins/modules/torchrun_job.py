@@ -234,6 +234,16 @@ options:
         O(barrier.window) seconds, no node starts.
       - This proves the very path the job's rendezvous takes, right before it takes it, in the
         same round trip as the start. RV(probe) tells what this node saw.
+      - The master also connects back to every node at the address it came from, and then
+        names every node's port to every node, and each connects to all the others at once
+        from its own address (the pairs), as gloo and NCCL connect every rank to every other on
+        the job's interfaces. A pair that cannot connect calls the start off on every node,
+        naming both nodes, the address and the port (C(pairs_failed) of RV(probe)). The ports are
+        ones the kernel picks, as gloo's and NCCL's, so the job's firewall rules let them in
+        as they let the job's own (mode C(ports) with the kernel's port range pinned to
+        them). It costs a node one connection per other node, in parallel (64 at a time),
+        milliseconds where every pair connects, at most twice O(barrier.timeout) per 64 other
+        nodes where one does not answer.
       - Run on every node of the job in one task (forks at least the number of nodes), unless
         O(barrier.background).
       - The go names a port of the master's supervisor. Every node's supervisor keeps a
@@ -457,6 +467,10 @@ probe:
     - C(address) is the local address this node connected from; C(back_error) says why the
       master could not connect back to it there (null when it could); on the master,
       C(back_failed) maps each address it could not connect back to to the reason.
+    - C(pairs_failed), where a node could not connect to another (the pairs, O(barrier)),
+      lists every such pair as a problem (C(host) C(node -> peer), C(check), C(expected) with both
+      addresses and the port, C(found), C(fix)), at most 100, on every node; C(error) then
+      names them.
   returned: when O(barrier) is set
   type: dict
   sample: {reachable: true, error: null, seconds: 0.004, served: 3, address: 10.67.101.10,
@@ -504,6 +518,7 @@ meta:
 """
 
 import os
+import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -573,7 +588,8 @@ def start(module, p, paths):
         gang_sock = bind(0)[0] if b["listen"] else None
         probe = barrier(p["master_addr"], p["master_port"], p["run_id"], b["timeout"],
                         b["window"], listen=b["listen"], expect=b["expect"],
-                        source=b["source"] or None, gang=gang_sock)
+                        source=b["source"] or None, gang=gang_sock,
+                        name=str(p["meta"].get("host") or socket.gethostname()))
         seen["barrier"] = dict(barrier_seen(probe), where="start")
         gang = {"sock": gang_sock} if b["listen"] else {"port": probe.get("gang_port")}
         probe.pop("gang_port", None)
