@@ -280,7 +280,9 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
                 ask_vault_pass=False, auto_prompt=False, initialize_context=False))
         inventory = InventoryManager(loader=loader, sources=[source])
         variables = VariableManager(loader=loader, inventory=inventory)
-        for name in inventory.get_groups_dict().get("all", []):
+        # localhost first: the plan runs there, and a job its variables give (host_vars/
+        # localhost, group_vars/all) is the role's value before its default looks at the nodes.
+        for name in ["localhost", *inventory.get_groups_dict().get("all", [])]:
             hostvars = variables.get_vars(host=inventory.get_host(name), include_hostvars=False)
             if "torchherd_job" in hostvars:
                 job = Templar(loader, variables=hostvars).template(hostvars["torchherd_job"])
@@ -715,7 +717,12 @@ def prune(runs_dir: str | Path | None = None, *, keep: int | None = None,
             entry.kept = hold[1]
             continue
         if remove:
-            shutil.rmtree(entry.run_dir)
+            try:
+                shutil.rmtree(entry.run_dir)
+            except OSError as exc:  # the nodes' copies are gone: say what is left here
+                entry.kept = f"not removed on the controller: {exc}"
+                holds[entry.run_id] = (Exit.ERROR, entry.kept)
+                continue
         entry.removed = True
     report.exit_code, report.reason = prune_verdict([h for h in holds.values() if h])
     return report

@@ -10,7 +10,6 @@ The inventories and examples are the files the README uses, shipped in the wheel
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from importlib.resources import as_file, files
 from pathlib import Path
@@ -61,14 +60,16 @@ def job_template() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _templates() -> dict[str, Path]:
-    """Relative path in the new directory -> the shipped file (examples and inventories)."""
+def _templates() -> dict[str, bytes]:
+    """Relative path in the new directory -> the shipped file's content (examples and
+    inventories), read while as_file's path exists (a zipped install's is temporary)."""
     root = files("torchherd") / "templates"
     found = {}
     for folder, patterns in (("inventories", ("*.ini",)), ("examples", ("*.py", "*.sbatch"))):
         with as_file(root / folder) as directory:
             for pattern in patterns:
-                found.update({f"{folder}/{p.name}": p for p in Path(directory).glob(pattern)})
+                found.update({f"{folder}/{p.name}": p.read_bytes()
+                              for p in Path(directory).glob(pattern)})
     return found
 
 
@@ -93,6 +94,6 @@ def init(target: str | Path, force: bool = False) -> list[Path]:
         if name == JOB_FILE:
             path.write_text(job_template(), encoding="utf-8")
         else:
-            shutil.copyfile(sources[name], path)
+            path.write_bytes(sources[name])
         written.append(path)
     return written

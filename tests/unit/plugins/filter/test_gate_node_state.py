@@ -152,9 +152,13 @@ def test_rdma_ports_the_job_uses_must_be_up():
     assert ib == {"mlx5_0": {"1": {"state": "ACTIVE", "link_layer": "InfiniBand"}},
                   "mlx5_1": {"1": {"state": "DOWN", "link_layer": "Ethernet"}}}
 
-    def verdict(env, ports=ib, limit="unlimited"):
+    def verdict(env, ports=ib, limit="unlimited", alone=False):
         facts = node("a", "smi_query_gpu_l4.csv", infiniband=ports, memlock=limit)
-        return gate(*make({"a": facts}, backend="nccl", env=env))
+        # Node b (another L4, no RDMA devices): NCCL between a and b goes over a's ports.
+        other = node("b", "smi_query_gpu_l4.csv")
+        other["torch"]["gpus"] = [dict(g, uuid="b-" + g["uuid"]) for g in other["torch"]["gpus"]]
+        nodes = {"a": facts} if alone else {"a": facts, "b": other}
+        return gate(*make(nodes, backend="nccl", env=env))
 
     assert verdict({})["ok"]  # NCCL takes the active port
     assert verdict({"NCCL_IB_HCA": "mlx5_0:1"})["ok"]
@@ -171,6 +175,9 @@ def test_rdma_ports_the_job_uses_must_be_up():
     assert small["ok"] and small["warnings"][0]["check"] == "memlock"
     assert small["warnings"][0]["found"] == "8 MiB"
     assert verdict({"NCCL_IB_DISABLE": "1"}, limit=8 << 20)["warnings"] == []
+    # A job on one node never leaves it (shared memory, P2P): its ports do not matter.
+    alone = verdict({}, all_down, limit=8 << 20, alone=True)
+    assert alone["ok"] and alone["warnings"] == []
 
 
 def test_xid_history_warns_and_an_unreadable_log_says_nothing():
@@ -194,3 +201,12 @@ def test_a_small_dev_shm_warns_with_more_than_one_process(tmp_path):
     shm = next(w for w in verdict["warnings"] if w["check"] == "shm")
     assert shm["found"] == "64 MiB" and "--shm-size" in shm["fix"]
     assert gate(*make({"a": facts}, backend="nccl", nproc_per_node=1))["warnings"] == []
+
+
+def test_the_job_spec_offers_exactly_the_refusals_that_may_warn():
+    """preflight_warn's choices (the job spec) and the gate's DOWNGRADABLE are one list."""
+    from ansible_collections.torchherd.cluster.plugins.filter.gate import DOWNGRADABLE
+    from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
+
+    job_keys = job_spec()["torchherd_job"]["options"]
+    assert sorted(job_keys["preflight_warn"]["choices"]) == sorted(DOWNGRADABLE)

@@ -99,3 +99,12 @@ def test_accelerate_with_one_process_in_all_leaves_out_the_multi_process_flags()
     # One node of two processes is still accelerate's multi-process mode.
     two = LAUNCHERS["accelerate"].argv(dict(one, nproc_per_node=2), {"torchrun_logs": "/l"}, "p")
     assert "--multi_gpu" in two and two[two.index("--num_processes") + 1] == "2"
+
+
+def test_who_writes_per_rank_log_files():
+    """Where the supervisor looks for the job's first output."""
+    one = {"nnodes": "1", "nproc_per_node": 1}
+    two = {"nnodes": "2", "nproc_per_node": 1}
+    assert LAUNCHERS["torchrun"].rank_logs(one) and LAUNCHERS["torchrun"].rank_logs(two)
+    assert not LAUNCHERS["accelerate"].rank_logs(one) and LAUNCHERS["accelerate"].rank_logs(two)
+    assert not LAUNCHERS["deepspeed"].rank_logs(two)

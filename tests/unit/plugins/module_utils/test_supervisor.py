@@ -197,8 +197,10 @@ def python(code):
 
 def test_the_supervisor_runs_the_job_detached_and_writes_the_run_directory(tmp_path):
     paths = run_paths(str(tmp_path), "r1")
+    # As a launcher without per-rank log files (DeepSpeed's): its output in the node log is the
+    # job's first output.
     p = params(env={"GREETING": "hello"}, secret_env={"TOKEN": "s3cr3t"},
-               meta={"host": "node0"}, chdir=str(tmp_path))
+               meta={"host": "node0"}, chdir=str(tmp_path), launcher="deepspeed")
     show = ("import os; print(os.environ['GREETING'], os.environ['TOKEN'], "
             f"os.environ['{MARKER}'], os.getcwd()); raise SystemExit(3)")
     started_at = spawn(p, paths, python(show), {"PATH": os.environ["PATH"]})

@@ -585,9 +585,11 @@ def _env(plan):
 
 
 def _ib_used(plan, f):
-    """The node has InfiniBand/RoCE devices and the job's NCCL_IB_DISABLE leaves them on."""
-    return bool(f.get("infiniband")) and str(_env(plan).get("NCCL_IB_DISABLE", "0")).strip() \
-        in ("", "0")
+    """The job spans nodes (on one, NCCL goes through shared memory and P2P, never the
+    network), the node has InfiniBand/RoCE devices and the job's NCCL_IB_DISABLE leaves them on
+    (a setting in /etc/nccl.conf or the node's own environment is not seen: the job's env is)."""
+    return len(plan.get("nodes") or []) > 1 and bool(f.get("infiniband")) \
+        and str(_env(plan).get("NCCL_IB_DISABLE", "0")).strip() in ("", "0")
 
 
 PREFLIGHT_WARN_FIX = "; or, to start anyway, add '{check}' to the job's preflight_warn"

@@ -128,7 +128,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
         # Double fork: the supervisor is re-parented to init and outlives this SSH session.
         if os.fork() == 0:
             _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting,
-                       dict(close, run_id=p["run_id"]) if close else None)
+                       dict(close, run_id=p["run_id"]) if close else None,
+                       LAUNCHERS[p["launcher"]].rank_logs(p))
         os._exit(0)
     os.waitpid(first, 0)
     if gang and gang.get("sock") is not None:
@@ -212,7 +213,7 @@ def _join(m, sock, port, stop, paths):
     return gang
 
 
-def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
+def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, rank_logs=True):
     """Runs in the detached grandchild: (the barrier and the gang, in the background), start
     torchrun, wait, (remove the firewall rules the start opened), write the exit code."""
     os.setsid()
@@ -257,8 +258,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None):
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
         running["first_output"] = threading.Thread(target=first_output, daemon=True, args=(
-            proc, paths, paths["torchrun_logs"] if paths["torchrun_logs"] in argv else None,
-            said_before))
+            proc, paths, paths["torchrun_logs"] if rank_logs else None, said_before))
         running["first_output"].start()
         # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
         if gang is not None and meeting.get("watch_workers") and WORKER_WATCH:

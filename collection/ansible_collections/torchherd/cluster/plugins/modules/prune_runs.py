@@ -128,10 +128,13 @@ def main():
         ),
         supports_check_mode=True,
     )
-    found = {}
+    # Every run id checked before anything is removed: a bad one fails the task with nothing
+    # gone, never halfway.
     for run in module.params["runs"]:
         if os.sep in run["run_id"] or run["run_id"] in ("", ".", ".."):
             module.fail_json(msg=f"run_id {run['run_id']!r}: expected a run id, found a path")
+    found = {}
+    for run in module.params["runs"]:
         found[run["run_id"]] = prune_one(run["root"], run["run_id"], module.check_mode)
     changed = any(e["removed"] for e in found.values())
     module.exit_json(changed=changed, runs=found)

@@ -16,6 +16,8 @@ A launcher's module holds:
 - argv(p, paths, python): its command line on this node, from the torchrun_job module's
   parameters, the run's paths and the job's interpreter.
 - env(p): the environment it needs besides its command line.
+- rank_logs(p): whether its ranks write their own log files under the run's torchrun_logs
+  (the supervisor's time to first output looks there; else at the node log's growth).
 
 Its ranks are found as every launcher's are (LOCAL_RANK in their environment, see _supervisor).
 A new launcher is a module here, listed below, and its name in the launcher choices that YAML

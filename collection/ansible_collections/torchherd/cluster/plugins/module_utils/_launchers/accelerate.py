@@ -49,6 +49,11 @@ def argv(p, paths, python):
                    "--log_dir", paths["torchrun_logs"], "--tee", "3"]
 
 
+def rank_logs(p):
+    # Its simple launcher (one process in all) runs the script itself: no per-rank files.
+    return int(p["nnodes"]) * p["nproc_per_node"] > 1
+
+
 def env(p):
     # Without it accelerate's multi-process mode on a node without GPUs starts every process as
     # a world of one, silently.

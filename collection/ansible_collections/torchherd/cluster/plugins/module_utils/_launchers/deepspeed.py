@@ -38,3 +38,8 @@ def argv(p, paths, python):
 
 def env(p):
     return {}
+
+
+def rank_logs(p):
+    # Its per-node launcher prints every rank's output on its own: no per-rank files.
+    return False

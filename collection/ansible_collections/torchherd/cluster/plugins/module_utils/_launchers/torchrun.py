@@ -41,3 +41,7 @@ def argv(p, paths, python):
 
 def env(p):
     return {}
+
+
+def rank_logs(p):
+    return True
