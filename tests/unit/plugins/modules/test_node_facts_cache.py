@@ -210,3 +210,19 @@ def test_a_cached_probes_gpus_take_the_state_read_now():
     # No driver now (nvidia-smi gone): the probe's stays.
     assert node_facts.refresh({"gpus": [dict(cached["gpus"][0])]}, None)["gpus"] == \
         cached["gpus"]
+
+
+def test_gpus_seen_by_nvidia_smi_alone_are_part_of_the_key(tmp_path, probes):
+    """A container may see its GPUs through nvidia-smi without the driver's /proc files: a
+    replaced GPU or driver there must not reuse the old answer."""
+    def smi(uuid, version="570.124.06"):
+        return {"gpus": [{"index": 0, "uuid": uuid, "name": "NVIDIA H100 80GB HBM3"}],
+                "driver": version, "source": "nvidia-smi"}
+
+    def cached(driver):
+        return node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600, driver)[1]
+
+    assert cached(smi("aaaa"))["cached"] is False
+    assert cached(smi("aaaa"))["cached"] is True
+    assert cached(smi("bbbb"))["cached"] is False
+    assert cached(smi("bbbb", "580.65.06"))["cached"] is False

@@ -372,8 +372,10 @@ def _read(path):
         return None
 
 
-def fingerprint(python, timeout):
-    """Everything the torch probe's answer depends on, or None when it cannot be told."""
+def fingerprint(python, timeout, driver=None):
+    """Everything the torch probe's answer depends on, or None when it cannot be told;
+    `driver`: read_gpus's answer, whose driver version and GPUs count too (nvidia-smi may see
+    GPUs where the driver's /proc files are not mounted, as in some containers)."""
     # The same path as this module's interpreter (not merely the same file: a venv's python is
     # a link to the system's, with other packages) needs no interpreter of its own.
     if python == sys.executable:
@@ -392,6 +394,9 @@ def fingerprint(python, timeout):
     key = {"probe": hashlib.sha256(TORCH_PROBE.encode()).hexdigest(), "interpreter": interp,
            "env": [os.environ.get(k) for k in FINGERPRINT_ENV],
            "driver": _read(os.path.join(NVIDIA_PROC, "version")), "gpus": gpus, "devices": devs}
+    if isinstance(driver, dict):
+        key["read"] = [driver.get("driver"),
+                       sorted(str(gpu.get("uuid")) for gpu in driver.get("gpus") or [])]
     # As the cache keeps it (JSON: lists, never tuples), so that an unchanged node compares
     # equal: with a GPU's tuple in it the cache never hit on a machine with an NVIDIA driver.
     return json.loads(json.dumps(key))
@@ -400,7 +405,7 @@ def fingerprint(python, timeout):
 def cached_probe(python, timeout, root, max_age, driver=_UNREAD):
     """probe, reusing the last good answer while its fingerprint is unchanged; `driver` is
     read_gpus's answer where the caller has it."""
-    key = fingerprint(python, timeout) if max_age > 0 else None
+    key = fingerprint(python, timeout, driver) if max_age > 0 else None
     if key is None:
         py, torch = probe(python, timeout, driver)
         return py, dict(torch, cached=False)
