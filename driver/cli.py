@@ -639,8 +639,9 @@ def _init(args: argparse.Namespace, ui: Ui) -> int:
 
     for path in scaffold.init(args.dir, force=args.force):
         sys.stdout.write(f"{path}\n")
+    # verify first: it shows the nodes (and a Python without torch) before anything starts.
     ui.say(f"wrote a job file, inventories and examples; next: cd {args.dir} && "
-           f"{_program()} launch -i inventories/local.ini -j {scaffold.JOB_FILE}")
+           f"{_program()} verify -i inventories/local.ini -j {scaffold.JOB_FILE}, then launch")
     return Exit.OK
 
 
