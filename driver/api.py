@@ -396,6 +396,11 @@ def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
             if outcome.cancelled:
                 return _settle_after_cancel(handle)
             result = _result(handle.run_dir, "launch", outcome)
+            if ((handle.run_dir / "plan.json").exists()
+                    and not (handle.run_dir / "summary.json").exists()):
+                # Ended before any summary (an Ansible error in preflight, say): runs() and
+                # prune read its verdict from the driver's note, not "in progress".
+                _note_verdict(handle.run_dir, "launch", result.state, result.reason)
             # The whole launch as its caller waited for it: summary.json's timings end when
             # the summary was written, before ansible-playbook's own exit.
             result.timings["wall"] = round(time.time() - launched_at, 3)

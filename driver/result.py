@@ -390,8 +390,9 @@ def run_info(run_dir: Path) -> RunInfo | None:
     # A cancelled launch's own verdict (api: the driver's note) where the summary has none.
     note = read_json(run_dir / DRIVER_FILE) or {}
     cancelled = note.get("cancelled") or {}
-    # A verify writes no summary: its verdict is the driver's note too.
-    verified = note.get("verify") or {}
+    # A verify writes no summary, nor does a launch that ended before it: their verdicts are
+    # the driver's note too.
+    verified = note.get("verify") or note.get("launch") or {}
     if cancelled and (summary or {}).get("state") in (None, "unknown"):
         state, reason = cancelled.get("state", "cancelled"), cancelled.get("reason", "")
     elif summary:

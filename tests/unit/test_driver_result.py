@@ -171,3 +171,10 @@ def test_runs_lists_a_passed_verify_by_the_drivers_note_not_as_unknown(tmp_path)
     (run / DRIVER_FILE).write_text(json.dumps(
         {"verify": {"state": "verified", "reason": "every check passed"}}))
     assert (run_info(run).state, run_info(run).reason) == ("verified", "every check passed")
+
+
+def test_runs_lists_a_launch_that_ended_before_its_summary_by_the_drivers_note(tmp_path):
+    run = verify_dir(tmp_path)
+    (run / DRIVER_FILE).write_text(json.dumps(
+        {"launch": {"state": "error", "reason": "node0: an Ansible error"}}))
+    assert (run_info(run).state, run_info(run).reason) == ("error", "node0: an Ansible error")
