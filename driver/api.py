@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from driver.logs import LogLine, LogTail, parse_line, static_nproc
 from driver.prune import (
     PrunedRun,
@@ -251,6 +253,18 @@ def _prepare(job: dict[str, Any], runs_dir: str | Path | None, source: str,
     return job
 
 
+def _plugin_config(source: str) -> bool:
+    """Whether the inventory source is a YAML file naming an inventory plugin."""
+    path = Path(source)
+    if not path.is_file() or path.suffix not in (".yml", ".yaml"):
+        return False
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "plugin" in data
+
+
 def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
     """The job the inventory defines, and the host it was read from: as the plan role's
     default takes it (roles/plan/defaults/main.yml), the torchherd_job of the first inventory
@@ -266,6 +280,11 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
+    if _plugin_config(source):
+        # An inventory plugin's configuration (torchherd.cluster.slurm, say): the plugin is a
+        # collection's, which this process does not load; ansible-playbook reads it, and the job
+        # is the role's default there.
+        return "", {}
     loader = DataLoader()
     name = ""
     try:
@@ -278,7 +297,13 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
             loader.set_vault_secrets(CLI.setup_vault_secrets(
                 loader, constants.DEFAULT_VAULT_IDENTITY_LIST, vault_password_files=[],
                 ask_vault_pass=False, auto_prompt=False, initialize_context=False))
-        inventory = InventoryManager(loader=loader, sources=[source])
+        try:
+            inventory = InventoryManager(loader=loader, sources=[source])
+        except AnsibleError:
+            # A source only ansible-playbook's configuration reads (a collection's inventory
+            # plugin, such as torchherd.cluster.slurm, which this process does not load):
+            # ansible-playbook reports what is wrong with it, and its job is the role's default.
+            return "", {}
         variables = VariableManager(loader=loader, inventory=inventory)
         # localhost first: the plan runs there, and a job its variables give (host_vars/
         # localhost, group_vars/all) is the role's value before its default looks at the nodes.

@@ -188,3 +188,15 @@ def test_a_vaulted_inventory_job_is_read_with_the_callers_vault_password(tmp_pat
     done = subprocess.run([sys.executable, "-c", read, str(inventory)], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
     assert "JobSpecError" in done.stderr and "vault_password_file in ansible.cfg" in done.stderr
+
+
+def test_an_inventory_plugins_configuration_is_left_to_ansible_playbook(tmp_path, monkeypatch):
+    """The SLURM allocation's inventory (torchherd.cluster.slurm): the driver does not load a
+    collection's inventory plugin, so it takes no job from it and says nothing; with unparsed
+    sources made fatal (the sbatch script does so) it must not refuse the launch either."""
+    from driver.api import inventory_job
+
+    source = tmp_path / "cluster.slurm.yml"
+    source.write_text("plugin: torchherd.cluster.slurm\n")
+    monkeypatch.setenv("ANSIBLE_INVENTORY_UNPARSED_FAILED", "true")
+    assert inventory_job(str(source)) == ("", {})
