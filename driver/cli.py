@@ -447,6 +447,8 @@ class Ui:
             self.say(f"  warning {warning['host']}: {warning['check']}: expected "
                      f"{warning['expected']}, found {warning['found']}; fix: "
                      f"{warning.get('fix', '')}", "yellow")
+        for host, why in result.left_out.items():
+            self.say(f"  left out {host}: {why}", "yellow")
         style = "green" if result.ok else "red"
         if result.action == "launch" and result.sync:
             sync = result.sync

@@ -56,6 +56,7 @@ _DONE = {("torchherd.cluster.node_facts", "preflight"): "checked",
          ("torchherd.cluster.rsync", "sync"): "synced"}
 _STATE_STYLE = {"succeeded": "green", "running": "cyan", "failed": "red", "lost": "red",
                 "unreachable": "red", "timed_out": "red", "preflight failed": "red",
+                "left out": "yellow",
                 "stopped": "yellow"}
 _NOTE_WIDTH = 100
 # Lines a rank or the launcher writes that are not the job's own words: Python's warnings (the
@@ -250,7 +251,9 @@ class Progress:
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
         if not host:
             return []
-        if host == "localhost":
+        # The plan's nodes come from localhost's tasks; the nodes preflight chose among spares
+        # from a node's (run once, for all).
+        if host == "localhost" or (kind == "runner_item_on_ok" and "add_host" in res):
             return self._controller(kind, phase, res)
         if kind == "runner_on_unreachable":
             return _some(self._set(host, phase, "unreachable", _first_line(res.get("msg"))))
@@ -293,7 +296,8 @@ class Progress:
             added = res["add_host"]
             row = self._row(added.get("host_name", ""))
             node = (added.get("host_vars") or {}).get("torchherd_node") or {}
-            row.rank = str(node.get("node_rank", "")) if isinstance(node, dict) else ""
+            rank = node.get("node_rank") if isinstance(node, dict) else None
+            row.rank = "" if rank is None else str(rank)  # a spare has none until chosen
             row.state = row.state or "planned"
         elif kind == "runner_on_ok" and phase == "summary" and "summary" in res:
             summary = res.get("summary") or {}
@@ -323,6 +327,11 @@ class Progress:
                 if host in self.rows:
                     note = f"{problem.get('check')}: found {problem.get('found')}"
                     lines += _some(self._set(host, phase, "preflight failed", _first_line(note)))
+        # The nodes left out where the inventory held spares (the gate on the chosen nodes).
+        for host, why in (gate.get("left_out") or {}).items():
+            if host in self.rows:
+                self.rows[host].rank = ""
+                lines += _some(self._set(host, phase, "left out", _first_line(str(why))))
         return lines
 
     def table(self, now: float | None = None) -> Table:

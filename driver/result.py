@@ -99,6 +99,8 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
     problems: list[dict[str, str]] = field(default_factory=list)
     warnings: list[dict[str, str]] = field(default_factory=list)  # preflight's, the job started
+    # The nodes preflight left out where the inventory held spares, and why.
+    left_out: dict[str, str] = field(default_factory=dict)
     world_size: int | None = None
     nproc_per_node: int | str | None = None  # 'auto' until preflight resolved it
     nnodes: str | None = None  # "3", or MIN:MAX for elastic rendezvous
@@ -126,7 +128,7 @@ class RunResult:
             "world_size": self.world_size, "nproc_per_node": self.nproc_per_node,
             "nnodes": self.nnodes, "master": self.master, "merged_log": self.merged_log,
             "hosts": self.hosts, "timings": self.timings, "sync": self.sync,
-            "problems": self.problems, "warnings": self.warnings,
+            "problems": self.problems, "warnings": self.warnings, "left_out": self.left_out,
             "interconnect": self.interconnect, "hang": self.hang,
             "stacks": self.stacks,
         }
@@ -333,6 +335,7 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
                      timings=(summary or {}).get("timings") or {}, summary=summary or {},
                      problems=list(gate.get("problems") or []),
                      warnings=list(gate.get("warnings") or []),
+                     left_out=dict((preflight or {}).get("left_out") or {}),
                      world_size=layout.get("world_size"),
                      nproc_per_node=layout.get("nproc_per_node"),
                      nnodes=layout.get("nnodes"), master=layout.get("master"),

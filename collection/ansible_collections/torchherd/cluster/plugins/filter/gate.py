@@ -110,6 +110,10 @@ _value:
     table:
       description: A per-host table of the key facts and the problems, for people.
       type: str
+    left_out:
+      description: The plan's C(left_out) (C(torchherd.cluster.choose_nodes)), each node
+        preflight left out and why; empty where the job takes every node.
+      type: dict
 """
 
 
@@ -238,7 +242,8 @@ def gate(hosts, hostvars, plan, match=None):
         "interfaces": interfaces,
         "backend": backend,
         "interconnect": interconnect,
-        "table": render(rows, problems, interconnect, warnings),
+        "left_out": plan.get("left_out") or {},
+        "table": render(rows, problems, interconnect, warnings, plan.get("left_out")),
     }
 
 
@@ -929,7 +934,7 @@ def _interconnect(hosts, hostvars, job, facts):
     return verdict
 
 
-def render(rows, problems, interconnect=None, warnings=()):
+def render(rows, problems, interconnect=None, warnings=(), left_out=None):
     head = ["node", "hostname", "python", "torch", "cuda", "nccl", "gpus", "procs", "interface"]
     lines = _table(head, rows)
     measure = (interconnect or {}).get("allreduce")
@@ -952,6 +957,10 @@ def render(rows, problems, interconnect=None, warnings=()):
                       f"    expected: {p['expected']}",
                       f"    found:    {p['found']}",
                       f"    fix:      {p['fix']}"]
+    if left_out:
+        # The candidates the job does not run on (choose_nodes): why, in the problems' words.
+        lines += ["", f"{len(left_out)} node(s) left out (the job runs on the nodes above):"]
+        lines += [f"  {host}: {why}" for host, why in left_out.items()]
     return "\n".join(lines)
 
 

@@ -51,6 +51,14 @@ options:
     type: str
     default: launch
     choices: [launch, verify]
+  chosen:
+    description:
+      - The job's nodes in rank order, as C(torchherd.cluster.choose_nodes) took them after
+        preflight (healthy spares in the place of nodes that failed it). Without it the nodes
+        are the first C(node_count) of the node group, those not marked C(torchherd_spare)
+        first, and the rest are the plan's RV(_value.spares).
+    type: list
+    elements: str
 """
 
 EXAMPLES = r"""
@@ -156,6 +164,21 @@ _value:
       description: Total number of ranks (the sum over the nodes), or null while a node's
         nproc_per_node is C(auto).
       type: int
+    spares:
+      description:
+        - Nodes preflight checks beside the job's nodes (the job's C(node_count) is smaller than
+          the node group, or hosts are marked C(torchherd_spare)), each an entry like those of
+          RV(_value.nodes) with C(node_rank) null. C(torchherd.cluster.choose_nodes) takes the
+          first healthy ones for nodes that failed preflight. Empty otherwise.
+      type: list
+      elements: dict
+    min_nodes:
+      description: The fewest nodes the job accepts (its C(min_node_count), else all of them).
+      type: int
+    left_out:
+      description: Only after C(torchherd.cluster.choose_nodes) - each candidate left out and
+        why (its preflight problems, or a spare not needed).
+      type: dict
     master:
       description: C(host), C(addr) and C(port) of the rendezvous master.
       type: dict
@@ -284,11 +307,83 @@ def _script(script, code_src, problems):
     return inside
 
 
-def plan(job, groups, hostvars, run_id="", playbook="launch"):
+def _node_count(job, candidates, hvs, chosen, problems):
+    """(the job's nodes in rank order, the spares behind them).
+
+    The nodes are the first C(node_count) of the candidates, those not marked
+    C(torchherd_spare) first (inventory order each); the rest wait as spares. Without
+    C(node_count) the job takes every node not marked a spare."""
+    if chosen is not None:
+        return list(chosen), []
+    spare = {}
+    for name in candidates:
+        spare[name] = _host_setting(name, hvs[name], "torchherd_spare", False, boolean, problems)
+    order = [n for n in candidates if not spare[n]] + [n for n in candidates if spare[n]]
+    wanted = job["node_count"] or sum(1 for n in candidates if not spare[n]) or len(candidates)
+    if candidates and not 1 <= wanted <= len(candidates):
+        problems.append(f"job.node_count: expected 1..{len(candidates)} (the nodes of the "
+                        f"inventory, spares included), found {job['node_count']!r}; fix: lower "
+                        f"it or add nodes")
+    if not 0 <= job["min_node_count"] <= wanted:
+        problems.append(f"job.min_node_count: expected 0..{wanted} (node_count; 0 means "
+                        f"node_count), found {job['min_node_count']!r}; fix: lower it")
+    return order[:wanted], order[wanted:]
+
+
+def healthy_choice(plan_, gate_):
+    """The nodes a job of ``plan_`` runs on after preflight's verdict ``gate_`` on every
+    candidate (its nodes and spares), and {host: why} of those left out; None where the nodes
+    cannot be chosen (a problem of no single node, too few healthy ones, or an unhealthy master
+    the job names)."""
+    nodes = [n["host"] for n in plan_["nodes"]]
+    spares = [n["host"] for n in plan_.get("spares") or []]
+    problems = {}
+    for problem in gate_.get("problems") or []:
+        host = problem.get("host")
+        if host not in nodes and host not in spares:
+            return None  # between two nodes, or the launch's own: no spare helps
+        problems.setdefault(host, []).append(f"{problem['check']}: {problem['found']}")
+    healthy = [s for s in spares if s not in problems]
+    chosen = [n if n not in problems else (healthy.pop(0) if healthy else None) for n in nodes]
+    chosen = [n for n in chosen if n]
+    master = (plan_["job"].get("master") or "")
+    if len(chosen) < plan_.get("min_nodes", len(nodes)) or (master and master not in chosen):
+        return None
+    left_out = {h: "; ".join(problems[h]) for h in nodes + spares if h in problems}
+    left_out.update({h: "a spare the job did not need" for h in spares
+                     if h not in chosen and h not in problems})
+    return chosen, left_out
+
+
+def choose_nodes(plan_, gate_, job, groups, hostvars):
+    """The plan again on the healthy nodes (see RETURN of the filter docs): a spare takes the
+    place (the node rank) of a node that failed preflight, the master is the first chosen node
+    unless the job names one, and every value that follows from the nodes (ranks, firewall
+    peers, the master port's rule, nnodes, world size) is the plan filter's own. Unchanged where
+    the plan has no spares or no choice can save the launch (the gate then refuses it as
+    without spares)."""
+    if not plan_.get("spares"):
+        return plan_
+    choice = healthy_choice(plan_, gate_)
+    if choice is None:
+        return plan_
+    chosen, left_out = choice
+    again = plan(job, groups, hostvars, run_id=plan_["run_id"],
+                 # The script was checked by the first plan; it is the same job.
+                 playbook="verify", chosen=chosen)
+    result = dict(plan_)
+    result.update({key: again[key] for key in ("nodes", "nnodes", "nproc_per_node",
+                                               "world_size", "master", "barrier")})
+    result.update(spares=[], left_out=left_out)
+    return result
+
+
+def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None):
     """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem.
 
     ``run_id`` is the one the plan role generates for a job that names none: the filter
-    stays pure (no clock, no randomness)."""
+    stays pure (no clock, no randomness). ``chosen`` (from C(choose_nodes)) names the nodes of
+    the job, in rank order, after preflight took healthy ones for unhealthy ones."""
     if not isinstance(job, dict):
         raise AnsibleFilterError(
             f"torchherd_job: expected a dict (the job spec), found {type(job).__name__}"
@@ -325,9 +420,10 @@ def plan(job, groups, hostvars, run_id="", playbook="launch"):
                 problems.append(f"host {name}: expected a member of group '{group}', found it "
                                 f"missing there; fix: add it to [{group}] or drop it from "
                                 f"torchherd_job.nodes")
-    nodes = list(dict.fromkeys(names))
-    hvs = {name: _vars(name, hostvars) for name in nodes}
-    addresses = {name: _address(hvs[name], name) for name in nodes}
+    candidates = list(dict.fromkeys(names))
+    hvs = {name: _vars(name, hostvars) for name in candidates}
+    nodes, spares = _node_count(merged, candidates, hvs, chosen, problems)
+    addresses = {name: _address(hvs[name], name) for name in candidates}
 
     by_address = {}
     for name, address in addresses.items():
@@ -352,7 +448,7 @@ def plan(job, groups, hostvars, run_id="", playbook="launch"):
     # Nodes with other GPU counts set their own: torchrun gives each process its global rank
     # from the counts of the nodes before it.
     nprocs = {}
-    for name in nodes:
+    for name in candidates:
         own = hvs[name].get("torchherd_nproc_per_node")
         nprocs[name] = nproc if own is None else _nproc(own)
         if own is not None and nprocs[name] is None:
@@ -390,7 +486,7 @@ def plan(job, groups, hostvars, run_id="", playbook="launch"):
                             f"spawn ssh")
 
     launcher = LAUNCHERS[merged["launcher"]]
-    problems += launcher.constraints(merged, nprocs)
+    problems += launcher.constraints(merged, {h: nprocs[h] for h in nodes})
     for arg in merged["launcher_args"]:
         option = str(arg).split("=", 1)[0]
         if option in launcher.PLANNED_OPTIONS:
@@ -419,13 +515,14 @@ def plan(job, groups, hostvars, run_id="", playbook="launch"):
     name = merged["name"] or os.path.splitext(os.path.basename(script))[0] or "job"
     if not _SAFE_ID.match(name):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip("._-") or "job"
-    firewalls = {h: _firewall(h, hvs[h], merged, addresses, master, port, problems)
-                 for h in nodes}
+    firewalls = {h: _firewall(h, hvs[h], merged, {n: addresses[n] for n in nodes}, master,
+                              port, problems)
+                 for h in candidates}
     # The start barrier is the whole launch's (a node without it would never come to it): off
     # where any node's torchherd_torchrun_barrier turns it off.
     # (Every node's setting is read, so that each bad one is named.)
     barriers = [_host_setting(h, hvs[h], "torchherd_torchrun_barrier", True, boolean, problems)
-                for h in nodes]
+                for h in candidates]
     barrier = False not in barriers
 
     # gloo and NCCL connect between the nodes on ports the kernel picks: mode ports without
@@ -447,24 +544,31 @@ def plan(job, groups, hostvars, run_id="", playbook="launch"):
     merged["name"] = name
     merged["script"] = script
     merged["nproc_per_node"] = nproc
-    root_of = {h: str(hvs[h].get("torchherd_root") or DEFAULT_ROOT) for h in nodes}
-    uniform = list(dict.fromkeys(nprocs.values()))
+    root_of = {h: str(hvs[h].get("torchherd_root") or DEFAULT_ROOT) for h in candidates}
+    uniform = list(dict.fromkeys(nprocs[h] for h in nodes))
+
+    def entry(h, rank):
+        return {"host": h, "address": addresses[h], "node_rank": rank, "root": root_of[h],
+                "code_dir": str(hvs[h].get("torchherd_code_dest") or merged["code_dest"]
+                                or f"{root_of[h]}/code/{name}"),
+                "python": str(hvs[h].get("torchherd_python") or merged["python"]
+                              or hvs[h].get("ansible_python_interpreter") or ""),
+                "nproc_per_node": nprocs[h],
+                "interface": str(hvs[h].get("torchherd_socket_ifname")
+                                 or merged["socket_ifname"] or ""),
+                "firewall": firewalls[h]}
+
     return {
         "run_id": run_id,
         "job": redact(merged),
-        "nodes": [{"host": h, "address": addresses[h], "node_rank": i, "root": root_of[h],
-                   "code_dir": str(hvs[h].get("torchherd_code_dest") or merged["code_dest"]
-                                   or f"{root_of[h]}/code/{name}"),
-                   "python": str(hvs[h].get("torchherd_python") or merged["python"]
-                                 or hvs[h].get("ansible_python_interpreter") or ""),
-                   "nproc_per_node": nprocs[h],
-                   "interface": str(hvs[h].get("torchherd_socket_ifname")
-                                    or merged["socket_ifname"] or ""),
-                   "firewall": firewalls[h]}
-                  for i, h in enumerate(nodes)],
+        "nodes": [entry(h, i) for i, h in enumerate(nodes)],
+        # Candidates preflight checks beside the nodes; C(choose_nodes) puts the first healthy
+        # ones in the place of nodes that failed it. Empty where the job takes every node.
+        "spares": [entry(h, None) for h in spares],
+        "min_nodes": min(len(nodes), merged["min_node_count"] or len(nodes)),
         "nnodes": nnodes,
         "nproc_per_node": uniform[0] if len(uniform) == 1 else None,
-        "world_size": None if "auto" in uniform else sum(nprocs.values()),
+        "world_size": None if "auto" in uniform else sum(nprocs[h] for h in nodes),
         "master": {"host": master,
                    "addr": merged["master_addr"] or addresses[master],
                    "port": port},

@@ -429,6 +429,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
                          if k != "results"} or None,
         # What preflight warned of and let start (persistence mode off, a small /dev/shm, ...).
         "preflight_warnings": plan.get("preflight_warnings") or [],
+        # The nodes preflight left out where the inventory held spares, and why.
+        "left_out": plan.get("left_out") or {},
     }
 
 
@@ -539,6 +541,7 @@ def table(summary):
                      "yes" if h["logs_fetched"] else "no", (note or "")[:100]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    lines += [f"left out {host}: {why}" for host, why in (summary.get("left_out") or {}).items()]
     lines.append(f"run {summary['run_id']}: {summary['state']} ({summary['reason']})")
     return "\n".join(lines)
 
