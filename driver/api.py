@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import yaml
 
+from driver import restart as restarts
 from driver.logs import LogLine, LogTail, parse_line, static_nproc
 from driver.prune import (
     PrunedRun,
@@ -233,6 +234,10 @@ def _prepare(job: dict[str, Any], runs_dir: str | Path | None, source: str,
     # file's env.
     job = validate({**base, **job, **{k: {**base[k], **job[k]} for k in job.keys() & base.keys()
                                       if isinstance(base[k], dict) and isinstance(job[k], dict)}})
+    if action == "launch" and job["restarts"] and job.get("detach"):
+        raise JobSpecError("job keys 'restarts' and 'detach': expected one of them, found "
+                           "both; a restart needs the driver's watch to see the failure, and "
+                           "a detached launch returns once the job started; fix: drop one")
     if action == "launch" and not job["script"]:
         raise JobSpecError("job key 'script': required (str); give it after -- (the CLI), in "
                            "the job file or in the inventory's torchherd_job")
@@ -412,15 +417,38 @@ def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
                  progress_every: float) -> Callable[[RunHandle], RunResult]:
     def work(handle: RunHandle) -> RunResult:
         _remember_inventory(handle.run_dir, handle.inventory)
+        # Whole-job restarts (the job's restarts and restart_on): each launch of the run id
+        # after a failure leaves the failed nodes out; a spare takes their ranks.
+        restart, exclude, incidents = 0, {}, []
+        started = launched_at
         try:
-            outcome = run_playbook("launch", handle.inventory,
-                                   {"torchherd_job": job, "torchherd_launched_at": launched_at,
-                                    "torchherd_progress_every": progress_every},
-                                   on_event=handle.emit, cancelled=lambda: handle.cancelled,
-                                   verbosity=verbosity)
-            if outcome.cancelled:
-                return _settle_after_cancel(handle)
-            result = _result(handle.run_dir, "launch", outcome)
+            while True:
+                outcome = run_playbook("launch", handle.inventory,
+                                       {"torchherd_job": job, "torchherd_launched_at": started,
+                                        "torchherd_progress_every": progress_every,
+                                        "torchherd_restart": restart,
+                                        "torchherd_exclude": exclude},
+                                       on_event=handle.emit, cancelled=lambda: handle.cancelled,
+                                       verbosity=verbosity)
+                if outcome.cancelled:
+                    return _settle_after_cancel(handle)
+                result = _result(handle.run_dir, "launch", outcome)
+                restarts.settle(incidents, result.summary)
+                nxt = None if job.get("detach") else restarts.incident(result.summary, job,
+                                                                       restart)
+                if nxt is None:
+                    break
+                incidents.append(nxt)
+                restart = nxt["restart"]
+                if nxt["node"]:
+                    exclude[nxt["node"]] = f"restart {restart}: {nxt['why']}"
+                handle.emit({"event": "torchherd_restart", "event_data": dict(nxt)})
+                restarts.keep_attempt(handle.run_dir, restart)
+                started = time.time()
+            if incidents:
+                restarts.record(handle.run_dir, incidents)
+                result.summary["incidents"] = incidents
+                result.incidents = incidents
             if ((handle.run_dir / "plan.json").exists()
                     and not (handle.run_dir / "summary.json").exists()):
                 # Ended before any summary (an Ansible error in preflight, say): runs() and

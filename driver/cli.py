@@ -449,6 +449,14 @@ class Ui:
                      f"{warning.get('fix', '')}", "yellow")
         for host, why in result.left_out.items():
             self.say(f"  left out {host}: {why}", "yellow")
+        for inc in result.incidents:
+            after = inc.get("first_output_after")
+            self.say(f"  restart {inc['restart']}: {inc['kind']}"
+                     + (f" of {inc['node']} (node_rank {inc.get('node_rank')})" if inc["node"]
+                        else "")
+                     + (f", replaced by {inc['replaced_by']}" if inc.get("replaced_by") else "")
+                     + (f"; first output {after:.1f} s after the failure" if after is not None
+                        else "") + f" ({inc['why']})", "yellow")
         style = "green" if result.ok else "red"
         if result.action == "launch" and result.sync:
             sync = result.sync

@@ -241,6 +241,8 @@ class Progress:
     def _update(self, event: dict[str, Any], now: float) -> list[str]:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if kind == "torchherd_restart":  # the driver's, between two launches of the run id
+            return self._restart(data)
         # Every playbook of the collection begins with the plan: its own, or the run's read back.
         if kind == "playbook_on_start":
             return self._enter("plan")
@@ -317,6 +319,19 @@ class Progress:
                 lines += _some(self._set(host, phase, h.get("state"), _first_line(note)))
             return lines
         return []
+
+    def _restart(self, incident: dict[str, Any]) -> list[str]:
+        """A whole-job restart: the failed node's row says so, the title counts restarts."""
+        node = incident.get("node")
+        what = f"restart {incident.get('restart')}: {incident.get('kind')}"
+        if node in self.rows:
+            self._set(node, self.phase, "left out", _first_line(f"{what}: {incident.get('why')}"))
+            self.rows[node].rank = ""
+        self.title = f"{self.title.split(' (restart')[0]} (restart {incident.get('restart')})"
+        return [f"{what}"
+                + (f" of node {node}" if node else "")
+                + f": {_first_line(str(incident.get('why') or ''))}; launching again"
+                + (" without it" if node else "")]
 
     def _gate(self, gate: dict[str, Any], phase: str) -> list[str]:
         if isinstance(gate.get("nproc_per_node"), int):

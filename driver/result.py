@@ -101,6 +101,9 @@ class RunResult:
     warnings: list[dict[str, str]] = field(default_factory=list)  # preflight's, the job started
     # The nodes preflight left out where the inventory held spares, and why.
     left_out: dict[str, str] = field(default_factory=dict)
+    # Whole-job restarts after failures (the job's restarts): when, which node, why, what
+    # replaced it, seconds from the failure to the restarted job's first output.
+    incidents: list[dict[str, Any]] = field(default_factory=list)
     world_size: int | None = None
     nproc_per_node: int | str | None = None  # 'auto' until preflight resolved it
     nnodes: str | None = None  # "3", or MIN:MAX for elastic rendezvous
@@ -129,6 +132,7 @@ class RunResult:
             "nnodes": self.nnodes, "master": self.master, "merged_log": self.merged_log,
             "hosts": self.hosts, "timings": self.timings, "sync": self.sync,
             "problems": self.problems, "warnings": self.warnings, "left_out": self.left_out,
+            "incidents": self.incidents,
             "interconnect": self.interconnect, "hang": self.hang,
             "stacks": self.stacks,
         }
@@ -336,6 +340,7 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
                      problems=list(gate.get("problems") or []),
                      warnings=list(gate.get("warnings") or []),
                      left_out=dict((preflight or {}).get("left_out") or {}),
+                     incidents=list((summary or {}).get("incidents") or []),
                      world_size=layout.get("world_size"),
                      nproc_per_node=layout.get("nproc_per_node"),
                      nnodes=layout.get("nnodes"), master=layout.get("master"),

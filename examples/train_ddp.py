@@ -1,8 +1,14 @@
 """A small DDP training run that checkpoints every epoch and resumes from the last checkpoint.
 
-Rank 0 writes <ckpt-dir>/last.pt after every epoch; on start, rank 0 reads it (when present)
-and broadcasts the state, so nodes without a shared file system resume together. Prints
-"torchherd-train start_epoch=N" once and "torchherd-train epoch=E loss=L" per epoch (rank 0).
+The first process of every node (local rank 0) writes <ckpt-dir>/last.pt on its node after every
+epoch (DDP keeps the weights equal on every rank), so a checkpoint outlives the loss of any one
+node without a shared file system. On start, the ranks agree on the newest checkpoint any node
+holds and the lowest rank holding it broadcasts it: a spare that took a lost node's place
+resumes with the others. This is torchherd's resume convention: after a whole-job restart (the
+job's restarts key) TORCHHERD_RESTART is 1, 2, ... and the script resumes from its own last
+checkpoint. Prints "torchherd-train start_epoch=N world_size=W restart=R" once,
+"torchherd-train epoch=E loss=L" per epoch and "torchherd-train done epochs=N weights=..." (the
+final weights, exactly) at the end (rank 0).
 """
 
 from __future__ import annotations
@@ -53,17 +59,26 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
     ckpt = os.path.join(args.ckpt_dir, "last.pt")
+    writer = local_rank == 0  # one checkpoint per node
     state = [None]
-    if rank == 0 and os.path.exists(ckpt):
+    if writer and os.path.exists(ckpt):
         state[0] = torch.load(ckpt, weights_only=True, map_location="cpu")
-    dist.broadcast_object_list(state, src=0)
+    # The newest checkpoint any node holds, and the lowest rank that holds it.
+    mine = torch.tensor([state[0]["epoch"] if state[0] is not None else -1], device=device)
+    epochs = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(epochs, mine)
+    newest = max(int(e.item()) for e in epochs)
     start_epoch = 0
-    if state[0] is not None:
+    if newest >= 0:
+        source = min(r for r, e in enumerate(epochs) if int(e.item()) == newest)
+        state = state if rank == source else [None]
+        dist.broadcast_object_list(state, src=source)
         model.module.load_state_dict(state[0]["model"])
         optimizer.load_state_dict(state[0]["optimizer"])
-        start_epoch = state[0]["epoch"] + 1
+        start_epoch = newest + 1
     if rank == 0:
-        say(f"start_epoch={start_epoch} world_size={world}")
+        say(f"start_epoch={start_epoch} world_size={world} "
+            f"restart={os.environ.get('TORCHHERD_RESTART', '0')}")
 
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
@@ -79,16 +94,19 @@ def main() -> int:
         dist.all_reduce(total)
         dist.all_reduce(count)
         time.sleep(args.epoch_seconds)
-        if rank == 0:
+        if writer:
             os.makedirs(args.ckpt_dir, exist_ok=True)
             tmp = ckpt + ".tmp"
             torch.save({"epoch": epoch, "model": model.module.state_dict(),
                         "optimizer": optimizer.state_dict()}, tmp)
             os.replace(tmp, ckpt)
+        if rank == 0:
             say(f"epoch={epoch} loss={(total / count).item():.5f}")
         dist.barrier()
     if rank == 0:
-        say(f"done epochs={args.epochs}")
+        weights = ",".join(float(v).hex() for p in model.module.parameters()
+                           for v in p.detach().cpu().flatten())
+        say(f"done epochs={args.epochs} weights={weights}")
     dist.destroy_process_group()
     return 0
 

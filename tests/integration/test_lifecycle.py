@@ -254,4 +254,5 @@ def test_train_ddp_resumes_from_checkpoint(cluster3, tmp_path):
     assert start in (done_before, done_before + 1), (start, done_before)
     assert start >= 2
     assert "torchherd-train done epochs=6" in log
-    cluster3.exec(0, ["rm", "-rf", "/root/ckpt-resume"])
+    for node in cluster3.nodes:  # every node keeps its own checkpoint
+        cluster3.exec(node, ["rm", "-rf", "/root/ckpt-resume"])

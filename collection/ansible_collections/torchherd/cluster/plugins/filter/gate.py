@@ -111,8 +111,8 @@ _value:
       description: A per-host table of the key facts and the problems, for people.
       type: str
     left_out:
-      description: The plan's C(left_out) (C(torchherd.cluster.choose_nodes)), each node
-        preflight left out and why; empty where the job takes every node.
+      description: The plan's C(excluded) and C(left_out) (C(torchherd.cluster.choose_nodes)),
+        each node the launch left out and why; empty where the job takes every node.
       type: dict
 """
 
@@ -232,6 +232,7 @@ def gate(hosts, hostvars, plan, match=None):
     if interconnect:
         problems += [_problem(*p) for p in interconnect.pop("problems")]
     rows = _rows(hosts, facts, interfaces, gpu_counts, nprocs)
+    left_out = {**(plan.get("excluded") or {}), **(plan.get("left_out") or {})}
     return {
         "ok": not problems,
         "problems": problems,
@@ -242,8 +243,8 @@ def gate(hosts, hostvars, plan, match=None):
         "interfaces": interfaces,
         "backend": backend,
         "interconnect": interconnect,
-        "left_out": plan.get("left_out") or {},
-        "table": render(rows, problems, interconnect, warnings, plan.get("left_out")),
+        "left_out": left_out,
+        "table": render(rows, problems, interconnect, warnings, left_out),
     }
 
 

@@ -51,6 +51,12 @@ options:
     type: str
     default: launch
     choices: [launch, verify]
+  exclude:
+    description:
+      - Nodes to leave out from the start, each with why (the driver's restart after a node
+        was lost, C(torchherd_exclude)). A spare takes an excluded node's place (its node rank);
+        without one the job runs on fewer nodes where C(min_node_count) allows.
+    type: dict
   chosen:
     description:
       - The job's nodes in rank order, as C(torchherd.cluster.choose_nodes) took them after
@@ -175,6 +181,9 @@ _value:
     min_nodes:
       description: The fewest nodes the job accepts (its C(min_node_count), else all of them).
       type: int
+    excluded:
+      description: The nodes O(exclude) left out, and why.
+      type: dict
     left_out:
       description: Only after C(torchherd.cluster.choose_nodes) - each candidate left out and
         why (its preflight problems, or a spare not needed).
@@ -307,12 +316,13 @@ def _script(script, code_src, problems):
     return inside
 
 
-def _node_count(job, candidates, hvs, chosen, problems):
+def _node_count(job, candidates, hvs, chosen, exclude, problems):
     """(the job's nodes in rank order, the spares behind them).
 
     The nodes are the first C(node_count) of the candidates, those not marked
     C(torchherd_spare) first (inventory order each); the rest wait as spares. Without
-    C(node_count) the job takes every node not marked a spare."""
+    C(node_count) the job takes every node not marked a spare. An excluded node's place goes
+    to the first spare left (its node rank), or stays empty."""
     if chosen is not None:
         return list(chosen), []
     spare = {}
@@ -327,7 +337,16 @@ def _node_count(job, candidates, hvs, chosen, problems):
     if not 0 <= job["min_node_count"] <= wanted:
         problems.append(f"job.min_node_count: expected 0..{wanted} (node_count; 0 means "
                         f"node_count), found {job['min_node_count']!r}; fix: lower it")
-    return order[:wanted], order[wanted:]
+    nodes, spares = order[:wanted], [n for n in order[wanted:] if n not in exclude]
+    nodes = [n if n not in exclude else (spares.pop(0) if spares else None) for n in nodes]
+    nodes = [n for n in nodes if n]
+    fewest = min(wanted, job["min_node_count"] or wanted)
+    if exclude and len(nodes) < fewest:
+        problems.append(f"nodes: expected at least {fewest} (min_node_count, else node_count) "
+                        f"besides those left out ({', '.join(sorted(exclude))}), found "
+                        f"{len(nodes)}; fix: add spares (torchherd_spare) or lower "
+                        f"min_node_count")
+    return nodes, spares
 
 
 def healthy_choice(plan_, gate_):
@@ -374,11 +393,11 @@ def choose_nodes(plan_, gate_, job, groups, hostvars):
     result = dict(plan_)
     result.update({key: again[key] for key in ("nodes", "nnodes", "nproc_per_node",
                                                "world_size", "master", "barrier")})
-    result.update(spares=[], left_out=left_out)
+    result.update(spares=[], left_out={**plan_.get("excluded", {}), **left_out})
     return result
 
 
-def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None):
+def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclude=None):
     """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem.
 
     ``run_id`` is the one the plan role generates for a job that names none: the filter
@@ -422,7 +441,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None):
                                 f"torchherd_job.nodes")
     candidates = list(dict.fromkeys(names))
     hvs = {name: _vars(name, hostvars) for name in candidates}
-    nodes, spares = _node_count(merged, candidates, hvs, chosen, problems)
+    exclude = dict(exclude or {})
+    nodes, spares = _node_count(merged, candidates, hvs, chosen, exclude, problems)
     addresses = {name: _address(hvs[name], name) for name in candidates}
 
     by_address = {}
@@ -566,6 +586,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None):
         # ones in the place of nodes that failed it. Empty where the job takes every node.
         "spares": [entry(h, None) for h in spares],
         "min_nodes": min(len(nodes), merged["min_node_count"] or len(nodes)),
+        # Nodes this launch leaves out from the start, and why (the driver's restart).
+        "excluded": {h: str(why) for h, why in exclude.items() if h in candidates},
         "nnodes": nnodes,
         "nproc_per_node": uniform[0] if len(uniform) == 1 else None,
         "world_size": None if "auto" in uniform else sum(nprocs[h] for h in nodes),

@@ -49,9 +49,34 @@ class StartError(Exception):
         self.result = result
 
 
+def keep_ended_run(p, paths, state):
+    """A restart (p["restart"] > 0) of a run that ended here: its run directory's files move
+    to restarts/<n> inside it (n: the restart that ended it, 0 for the first launch), so that
+    the job starts again in a fresh one and nothing of the earlier try is lost."""
+    if not p.get("restart") or state in ("absent", "running"):
+        return False
+    run_dir = paths["dir"]
+    kept = os.path.join(run_dir, "restarts")
+    number = p["restart"] - 1
+    while os.path.exists(os.path.join(kept, str(number))):
+        number += 1
+    staging = f"{run_dir}.restart-{os.getpid()}"
+    os.rename(run_dir, staging)
+    os.makedirs(kept, mode=0o755)
+    earlier = os.path.join(staging, "restarts")
+    if os.path.isdir(earlier):
+        for name in os.listdir(earlier):
+            os.rename(os.path.join(earlier, name), os.path.join(kept, name))
+        os.rmdir(earlier)
+    os.rename(staging, os.path.join(kept, str(number)))
+    return True
+
+
 def check_start(p, paths):
     """Raises StartError unless the job can start here."""
     current = read_state(paths)
+    if keep_ended_run(p, paths, current["state"]):
+        current = read_state(paths)
     if current["state"] != "absent":
         raise StartError(
             f"run {p['run_id']} already exists on this node (state {current['state']}, "
@@ -93,8 +118,10 @@ def job_env(p, run_dir, environ):
     env.update({k: str(v) for k, v in p["secret_env"].items()})
     # TORCHHERD_PROGRESS_FILE: a job that may stay silent for long touches it to show progress
     # (the hang watch counts it as output).
+    # TORCHHERD_RESTART: the whole-job restart this is (0 first), for a script that resumes.
     env.update({MARKER: run_dir, "TORCHHERD_RUN_ID": p["run_id"], "PYTHONUNBUFFERED": "1",
-                "TORCHHERD_PROGRESS_FILE": os.path.join(run_dir, "progress")})
+                "TORCHHERD_PROGRESS_FILE": os.path.join(run_dir, "progress"),
+                "TORCHHERD_RESTART": str(p.get("restart") or 0)})
     shown = dict(launcher_env, **{k: str(v) for k, v in p["env"].items()})
     shown.update({k: "********" for k in p["secret_env"]})
     return env, shown

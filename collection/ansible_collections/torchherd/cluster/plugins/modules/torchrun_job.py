@@ -42,7 +42,8 @@ attributes:
   idempotent:
     support: partial
     details: A second start of the same run id fails (a run id starts once, and its run directory
-      is there); status and waiting change nothing; stopping a stopped job changes nothing.
+      is there) unless it is a restart (O(restart)) of a job that ended; status and waiting
+      change nothing; stopping a stopped job changes nothing.
 options:
   state:
     description: What to do.
@@ -53,6 +54,14 @@ options:
     description: Run id of the job.
     type: str
     required: true
+  restart:
+    description:
+      - The whole-job restart this start is (0, the first launch of the run id). With O(state=started)
+        and a restart above 0, a run of this run id that ended on the node is kept under
+        C(restarts/<n>) in its run directory and the job starts again; one still running is
+        refused as always. The job's environment has it as C(TORCHHERD_RESTART).
+    type: int
+    default: 0
   root:
     description: torchherd's directory on the node; runs live in C(<root>/runs/<run_id>).
     type: path
@@ -751,6 +760,7 @@ def main():
             state=dict(type="str", default="status",
                        choices=["started", "status", "waiting", "stopped"]),
             run_id=dict(type="str", required=True),
+            restart=dict(type="int", default=0),
             root=dict(type="path", required=True),
             python=dict(type="str", default=""),
             launcher=dict(type="str", default="torchrun",

@@ -316,6 +316,25 @@ def newer(old, new):
     return new
 
 
+_KILLED = re.compile(r"killed by SIG|Signal \d+ \(SIG\w+\) received")
+
+
+def failure_kind(entry):
+    """What kind of failure a node's summary entry shows, as the job's restart_on names them:
+    node_lost (the node did not answer), connection (gloo or NCCL lost a peer: the rank's
+    error is a connection's), signal (its launcher or a rank was killed by a signal), or
+    exception (its own code failed)."""
+    if entry.get("state") in ("lost", "unreachable"):
+        return "node_lost"
+    text = " ".join(str(entry.get(key) or "") for key in ("exception", "error"))
+    if _SECONDARY.search(text):
+        return "connection"
+    code = entry.get("exit_code")
+    if _KILLED.search(text) or (isinstance(code, int) and (code < 0 or code > 128)):
+        return "signal"
+    return "exception"
+
+
 def summarize(run_dir, plan, results, marks, previous=None):
     previous = previous or {}
     hosts = {}
@@ -373,6 +392,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
     done = [name for name, h in hosts.items() if h["state"] == "succeeded"]
     job = plan.get("job") or {}
     minimum = int(str(plan.get("nnodes") or len(hosts)).split(":", 1)[0])
+    cause = None  # the node a failure is laid to (the root cause the reason names)
     hang = hang_of(run_dir)
     if hang and overall_hung(hosts, hang["declared_at"]):
         hang["stopped"] = not any(h["state"] == "running" for h in hosts.values())
@@ -394,6 +414,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
         name, h = min(bad, key=lambda item: (item[0] not in lost,
                                              bool(_SECONDARY.search(item[1]["exception"] or "")),
                                              item[1]["ended_at"] or float("inf")))
+        cause = name
         if h["state"] in ("lost", "unreachable"):
             reason = (f"node {name} (node_rank {h['node_rank']}) was lost: "
                       f"{h['error'] or 'unreachable'}; once it answers again, stop and collect "
@@ -413,7 +434,10 @@ def summarize(run_dir, plan, results, marks, previous=None):
     else:
         overall, reason = "unknown", f"node states: {', '.join(sorted(set(states)))}"
     return {
-        "run_id": plan.get("run_id"), "state": overall, "reason": reason,
+        "run_id": plan.get("run_id"), "state": overall, "reason": reason, "cause": cause,
+        "cause_kind": failure_kind(hosts[cause]) if cause else None,
+        # The whole-job restart this summary is of (0: the first launch; the driver's restarts).
+        "restart": plan.get("restart") or 0,
         "run_dir": os.path.abspath(run_dir), "written_at": time.time(),
         "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
         "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
@@ -430,7 +454,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
         # What preflight warned of and let start (persistence mode off, a small /dev/shm, ...).
         "preflight_warnings": plan.get("preflight_warnings") or [],
         # The nodes preflight left out where the inventory held spares, and why.
-        "left_out": plan.get("left_out") or {},
+        "left_out": {**(plan.get("excluded") or {}), **(plan.get("left_out") or {})},
     }
 
 

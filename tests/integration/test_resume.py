@@ -1,0 +1,124 @@
+"""A job outlives a node: four container nodes, a three-node job, one node marked
+torchherd_spare. A node killed mid-run (its container killed, as a machine losing power) is left
+out, the spare takes its rank, and the job resumes from its last checkpoint with the same final
+weights as a run that was never interrupted. A rank raising in the job's own code restarts only
+where the job asks for it. Real SSH, real gloo, real container kills."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver import launch, launch_async
+from tests.cluster import testbed
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOB_PROCESSES = r"torch\.distributed\.run|train_ddp\.py|allreduce\.py"
+DONE = re.compile(r"torchherd-train done epochs=(\d+) weights=(\S+)")
+
+
+@pytest.fixture(scope="module")
+def cluster4(node_image: str) -> Iterator[tuple[testbed.Cluster, Path]]:
+    """Four nodes, the last one a spare; the module's tests share them (one is killed last)."""
+    with testbed.reserve("resume"):
+        try:
+            cluster = testbed.up("resume", 4)
+            yield cluster, cluster.write_inventory({"node3": {"torchherd_spare": "true"}})
+        finally:
+            testbed.down("resume")
+
+
+def train(run_id: str, ckpt: str, **extra) -> dict:
+    return {"script": "train_ddp.py", "code_src": str(EXAMPLES), "nproc_per_node": 2,
+            "args": ["--epochs", "8", "--epoch-seconds", "1", "--ckpt-dir", ckpt],
+            "run_id": run_id, **extra}
+
+
+def final_weights(runs: Path, run_id: str, host: str) -> str:
+    log = (runs / run_id / "nodes" / host / "node.log").read_text()
+    found = DONE.findall(log)
+    assert found, log[-2000:]
+    return found[-1][1]
+
+
+def no_job_left(cluster: testbed.Cluster, nodes) -> None:
+    for node in nodes:
+        assert cluster.pids(node, JOB_PROCESSES) == [], node.name
+
+
+def test_an_exception_restarts_only_where_the_job_asks(cluster4, tmp_path):
+    cluster, inventory = cluster4
+    names = [n.name for n in cluster.nodes]
+    job = {"script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 1,
+           "args": ["--fail-rank", "1"], "restarts": 2}
+    result = launch({**job, "run_id": "raise"}, inventory, runs_dir=tmp_path)
+    assert result.state == "failed" and result.incidents == [], result.reason
+    assert not (tmp_path / "raise" / "restarts").exists()
+
+    # Asked to (restart_on: exception): every restart fails the same way; none is left out,
+    # and each incident is in summary.json.
+    result = launch({**job, "run_id": "raise-again", "restart_on": ["exception"]}, inventory,
+                    runs_dir=tmp_path)
+    assert result.state == "failed", result.reason
+    assert [(i["restart"], i["kind"], i["node"]) for i in result.incidents] == [
+        (1, "exception", None), (2, "exception", None)]
+    summary = json.loads((tmp_path / "raise-again" / "summary.json").read_text())
+    assert summary["incidents"] == result.incidents and summary["restart"] == 2
+    # Every launch's records are kept: the run directory's, and each node's.
+    for n in (0, 1):
+        kept = tmp_path / "raise-again" / "restarts" / str(n)
+        assert (kept / "summary.json").exists() and (kept / "nodes" / names[0]).is_dir()
+    node_kept = cluster.exec(cluster.nodes[0], ["ls", "/root/.torchherd/runs/raise-again/restarts"])
+    assert node_kept.stdout.split() == ["0", "1"]
+    no_job_left(cluster, cluster.nodes)
+
+
+def test_a_node_killed_mid_run_is_replaced_and_the_job_resumes(cluster4, tmp_path):
+    cluster, inventory = cluster4
+    names = [n.name for n in cluster.nodes]
+    reference = launch(train("reference", "/root/ck-reference"), inventory, runs_dir=tmp_path)
+    assert reference.ok, reference.reason
+    expected = final_weights(tmp_path, "reference", names[0])
+
+    handle = launch_async(train("resume", "/root/ck-resume", restarts=1), inventory,
+                          runs_dir=tmp_path)
+
+    def epochs_logged() -> int:
+        out = cluster.exec(cluster.nodes[0], ["cat", "/root/.torchherd/runs/resume/node.log"],
+                           check=False).stdout
+        return len(re.findall(r"torchherd-train epoch=\d+", out))
+
+    deadline = time.monotonic() + 180
+    while epochs_logged() < 3:
+        assert time.monotonic() < deadline, "three epochs never came"
+        time.sleep(0.3)
+    killed_at = time.time()
+    cluster.kill(cluster.nodes[1])
+    result = handle.wait(600)
+    assert result.ok, result.reason
+    [incident] = result.incidents
+    assert incident["kind"] == "node_lost" and incident["node"] == names[1], incident
+    assert incident["replaced_by"] == names[3] and incident["node_rank"] == 1
+    assert result.hosts[names[3]]["node_rank"] == 1
+    assert names[1] in result.left_out
+    # Resumed from a checkpoint, not from the start, and with the weights of a run never
+    # interrupted.
+    log = (tmp_path / "resume" / "nodes" / names[0] / "node.log").read_text()
+    start = int(re.search(r"start_epoch=(\d+) world_size=6 restart=1", log).group(1))
+    assert start >= 2, log[-2000:]
+    assert final_weights(tmp_path, "resume", names[0]) == expected
+    summary = json.loads((tmp_path / "resume" / "summary.json").read_text())
+    assert summary["incidents"] == result.incidents
+    first = min(h["first_output_at"] for h in summary["hosts"].values()
+                if h["first_output_at"] is not None)
+    assert incident["first_output_after"] is not None and incident["first_output_after"] > 0
+    print(f"kill to the resumed job's first output: {first - killed_at:.1f} s; "
+          f"incident: {incident}")
+    no_job_left(cluster, [cluster.nodes[0], cluster.nodes[2], cluster.nodes[3]])
