@@ -119,3 +119,24 @@ def test_a_bad_spare_marking_is_named():
     hv["n2"]["torchherd_spare"] = "perhaps"
     with pytest.raises(AnsibleFilterError, match="host n2: torchherd_spare"):
         plan(job(), GROUPS, hv, run_id="r1")
+
+
+def test_an_excluded_node_s_place_goes_to_a_spare():
+    p = plan(job(), GROUPS, hostvars(), run_id="r1", exclude={"n1": "restart 1: lost"})
+    assert hosts(p["nodes"]) == [("n0", 0), ("n3", 1), ("n2", 2)] and p["spares"] == []
+    assert p["excluded"] == {"n1": "restart 1: lost"}
+
+
+def test_without_a_spare_an_excluded_node_leaves_fewer_only_where_allowed():
+    with pytest.raises(AnsibleFilterError, match=r"nodes: expected at least 3"):
+        plan(job(), GROUPS, hostvars(), run_id="r1", exclude={"n1": "x", "n3": "y"})
+    p = plan(job(min_node_count=2), GROUPS, hostvars(), run_id="r1",
+             exclude={"n1": "x", "n3": "y"})
+    assert hosts(p["nodes"]) == [("n0", 0), ("n2", 1)] and p["world_size"] == 4
+
+
+def test_the_chosen_plan_names_the_excluded_nodes_too():
+    hv = hostvars(spares=("n2", "n3"))
+    first = plan(job(node_count=2), GROUPS, hv, run_id="r1", exclude={"n0": "lost"})
+    chosen = choose_nodes(first, {"problems": []}, job(node_count=2), GROUPS, hv)
+    assert chosen["left_out"] == {"n0": "lost", "n3": "a spare the job did not need"}

@@ -2,7 +2,10 @@
 
 import os
 
+import pytest
+
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import (
+    failure_kind,
     failure_of,
     newer,
     summarize,
@@ -37,6 +40,7 @@ def test_root_cause_is_the_real_exception_not_the_peers_connection_errors(tmp_pa
     assert s["state"] == "failed"
     assert s["reason"] == "node n1 (node_rank 1) rank 3: ValueError: bad batch"
     assert s["hosts"]["n1"]["failing_rank"] == 3
+    assert s["cause"] == "n1" and s["cause_kind"] == "exception"
 
 
 def test_lost_node_is_the_root_cause(tmp_path):
@@ -47,6 +51,24 @@ def test_lost_node_is_the_root_cause(tmp_path):
     s = summarize(str(tmp_path), plan(), results, {})
     assert s["hosts"]["n1"]["state"] == "lost"
     assert s["reason"].startswith("node n1 (node_rank 1) was lost")
+    assert s["cause"] == "n1" and s["cause_kind"] == "node_lost"
+
+
+@pytest.mark.parametrize(("entry", "kind"), [
+    ({"state": "lost"}, "node_lost"),
+    ({"state": "unreachable"}, "node_lost"),
+    ({"state": "failed", "exception": "RuntimeError: Connection closed by peer [10.0.0.2]:4"},
+     "connection"),
+    ({"state": "failed", "exception": "torch.distributed.DistNetworkError: failed to recv"},
+     "connection"),
+    ({"state": "failed", "exception": "killed by SIGKILL (9) without a traceback"}, "signal"),
+    ({"state": "failed", "exit_code": 137}, "signal"),
+    ({"state": "failed", "exit_code": -9}, "signal"),
+    ({"state": "failed", "exception": "ValueError: bad batch", "exit_code": 1}, "exception"),
+    ({"state": "timed_out", "exit_code": 1}, "exception"),
+])
+def test_failure_kinds(entry, kind):
+    assert failure_kind(entry) == kind
 
 
 def test_elastic_run_that_lost_a_node_but_finished_succeeds(tmp_path):
