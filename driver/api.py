@@ -434,8 +434,8 @@ def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
                     return _settle_after_cancel(handle)
                 result = _result(handle.run_dir, "launch", outcome)
                 restarts.settle(incidents, result.summary)
-                nxt = None if job.get("detach") else restarts.incident(result.summary, job,
-                                                                       restart)
+                nxt = restarts.incident(result.summary,
+                                        read_json(handle.run_dir / "schedule.json") or {})
                 if nxt is None:
                     break
                 incidents.append(nxt)

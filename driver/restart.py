@@ -3,7 +3,8 @@ leaves the failed node out and launches the run id again (the launch playbook, w
 ``torchherd_restart`` and ``torchherd_exclude``); a spare takes the node's rank.
 
 The summary says what failed (``cause``, the node a failure is laid to, and ``cause_kind``:
-node_lost, connection, signal or exception); this module only decides whether to restart and
+node_lost, connection, signal or exception); the launch's schedule (schedule.json, its
+``restart``) says whether a restart is left and on which kinds. This module acts on the two and
 keeps the record of each incident.
 """
 
@@ -19,14 +20,16 @@ from typing import Any
 _KEEP = {"restarts", "driver.json"}
 
 
-def incident(summary: dict[str, Any], job: dict[str, Any], restart: int) -> dict[str, Any] | None:
-    """The incident a failed launch's summary amounts to, where the job may restart on it
-    (its restarts not spent, its kind among restart_on); None otherwise."""
-    if summary.get("state") != "failed" or restart >= int(job.get("restarts") or 0):
+def incident(summary: dict[str, Any], schedule: dict[str, Any]) -> dict[str, Any] | None:
+    """The incident a failed launch's summary amounts to, where its schedule lets the run
+    restart on it (restarts left, the kind among those it answers); None otherwise."""
+    policy = schedule.get("restart") or {}
+    if summary.get("state") != "failed" or not policy.get("left"):
         return None
     kind = summary.get("cause_kind")
-    if kind not in (job.get("restart_on") or []):
+    if kind not in (policy.get("on") or []):
         return None
+    restart = int(policy.get("this") or 0)
     node = summary.get("cause")
     entry = (summary.get("hosts") or {}).get(node) or {}
     at = entry.get("ended_at") or summary.get("written_at") or time.time()

@@ -48,9 +48,13 @@ def final_weights(runs: Path, run_id: str, host: str) -> str:
     return found[-1][1]
 
 
-def no_job_left(cluster: testbed.Cluster, nodes) -> None:
+def no_job_left(cluster: testbed.Cluster, nodes, run_id: str = "") -> None:
+    """No job process on the nodes, and no firewall rule of the run."""
     for node in nodes:
         assert cluster.pids(node, JOB_PROCESSES) == [], node.name
+        if run_id:
+            rules = cluster.exec(node, ["nft", "list", "ruleset"]).stdout
+            assert run_id not in rules, f"a rule of run {run_id} is left on {node.name}"
 
 
 def test_an_exception_restarts_only_where_the_job_asks(cluster4, tmp_path):
@@ -77,7 +81,7 @@ def test_an_exception_restarts_only_where_the_job_asks(cluster4, tmp_path):
         assert (kept / "summary.json").exists() and (kept / "nodes" / names[0]).is_dir()
     node_kept = cluster.exec(cluster.nodes[0], ["ls", "/root/.torchherd/runs/raise-again/restarts"])
     assert node_kept.stdout.split() == ["0", "1"]
-    no_job_left(cluster, cluster.nodes)
+    no_job_left(cluster, cluster.nodes, "raise-again")
 
 
 def test_a_node_killed_mid_run_is_replaced_and_the_job_resumes(cluster4, tmp_path):
@@ -121,4 +125,4 @@ def test_a_node_killed_mid_run_is_replaced_and_the_job_resumes(cluster4, tmp_pat
     assert incident["first_output_after"] is not None and incident["first_output_after"] > 0
     print(f"kill to the resumed job's first output: {first - killed_at:.1f} s; "
           f"incident: {incident}")
-    no_job_left(cluster, [cluster.nodes[0], cluster.nodes[2], cluster.nodes[3]])
+    no_job_left(cluster, [cluster.nodes[0], cluster.nodes[2], cluster.nodes[3]], "resume")

@@ -4,7 +4,12 @@ import json
 
 from driver import restart as restarts
 
-JOB = {"restarts": 2, "restart_on": ["node_lost", "signal", "connection"]}
+
+def schedule(this=0, left=2, on=("node_lost", "signal", "connection")):
+    return {"restart": {"this": this, "left": left, "on": list(on), "excluded": {}}}
+
+
+JOB = schedule()
 
 
 def summary(kind="node_lost", state="failed", cause="n1", **hosts):
@@ -15,25 +20,26 @@ def summary(kind="node_lost", state="failed", cause="n1", **hosts):
 
 
 def test_a_lost_node_restarts_and_is_named():
-    inc = restarts.incident(summary(), JOB, 0)
+    inc = restarts.incident(summary(), JOB)
     assert inc["restart"] == 1 and inc["kind"] == "node_lost" and inc["node"] == "n1"
     assert inc["node_rank"] == 1 and inc["at"] == 100.0  # a lost node has no end: the summary's
 
 
 def test_no_restart_once_spent_or_for_other_kinds_or_states():
-    assert restarts.incident(summary(), JOB, 2) is None
-    assert restarts.incident(summary(kind="exception"), JOB, 0) is None
-    assert restarts.incident(summary(state="succeeded"), JOB, 0) is None
-    assert restarts.incident(summary(), {"restarts": 0, "restart_on": ["node_lost"]}, 0) is None
+    assert restarts.incident(summary(), schedule(this=2, left=0, on=())) is None
+    assert restarts.incident(summary(kind="exception"), JOB) is None
+    assert restarts.incident(summary(state="succeeded"), JOB) is None
+    assert restarts.incident(summary(), {}) is None  # a schedule without restarts
+    assert restarts.incident(summary(), schedule(this=1, left=1))["restart"] == 2
 
 
 def test_an_exception_restarts_on_request_without_leaving_a_node_out():
-    inc = restarts.incident(summary(kind="exception"), {**JOB, "restart_on": ["exception"]}, 0)
+    inc = restarts.incident(summary(kind="exception"), schedule(on=["exception"]))
     assert inc["node"] is None and inc["kind"] == "exception"
 
 
 def test_settle_names_the_replacement_and_the_time_to_first_output():
-    inc = restarts.incident(summary(), JOB, 0)
+    inc = restarts.incident(summary(), JOB)
     incidents = [inc]
     after = {"hosts": {"n0": {"node_rank": 0, "first_output_at": 130.0},
                        "n3": {"node_rank": 1, "first_output_at": 125.5}}}

@@ -76,7 +76,7 @@ def test_truth_table(forks, barrier, kind, live):
     }
     assert got == expected(forks, barrier, JOBS[kind], live)
     # Every decision says why.
-    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round"}
+    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart"}
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -143,3 +143,19 @@ def test_a_job_started_on_verifys_plan_is_watched_on_every_node():
 def test_a_live_view_never_lengthens_a_shorter_watch_interval():
     s = schedule(planned(watch_interval=2), 4, progress_every=5)
     assert s["watch"]["round"] == 2
+
+
+@pytest.mark.parametrize(("job", "restart", "playbook", "left", "on"), [
+    ({}, 0, "launch", 0, []),
+    ({"restarts": 2}, 0, "launch", 2, ["node_lost", "signal", "connection"]),
+    ({"restarts": 2}, 1, "launch", 1, ["node_lost", "signal", "connection"]),
+    ({"restarts": 2}, 2, "launch", 0, []),
+    ({"restarts": 2, "restart_on": ["exception"]}, 0, "launch", 2, ["exception"]),
+    ({"restarts": 2, "detach": True}, 0, "launch", 0, []),
+    ({"restarts": 2}, 0, "verify", 0, []),
+])
+def test_the_schedule_says_whether_a_restart_is_left(job, restart, playbook, left, on):
+    p = {**planned(**job), "restart": restart}
+    s = schedule(p, forks=4, playbook=playbook)
+    assert s["restart"] == {"this": restart, "left": left, "on": on, "excluded": {}}
+    assert s["why"]["restart"]

@@ -129,6 +129,24 @@ _value:
           description: Seconds one wait may last before it returns with the job still running
             (the job's C(watch_interval), shorter for O(progress_every)); 0 where it looks once.
           type: float
+    restart:
+      description: The whole-job restarts (the job's C(restarts) and C(restart_on)), which the
+        driver acts on after a failed launch.
+      type: dict
+      contains:
+        this:
+          description: The restart this launch is (0, the first launch of the run id).
+          type: int
+        left:
+          description: Restarts still allowed after this launch (0 detached, or for verify).
+          type: int
+        "on":
+          description: The failure kinds a restart answers (empty where none is left).
+          type: list
+          elements: str
+        excluded:
+          description: The nodes this launch left out, and why (the plan's C(excluded)).
+          type: dict
     teardown:
       description: Which nodes the teardown visits, C(nodes_with_rules) (those whose rules are
         still in place after the watch) or C(none) (a detached launch keeps its rules until stop
@@ -240,6 +258,24 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
                        "the firewall role opens the rules before the start: "
                        + ("the interconnect check needs them" if playbook == "launch"
                           else "verify measures over them"))
+    # Whole-job restarts: the driver reads this after a failed launch and acts on it.
+    allowed = int(job.get("restarts") or 0)
+    this = int(plan.get("restart") or 0)
+    left = 0 if detach or playbook != "launch" else max(0, allowed - this)
+    restart = {"this": this, "left": left,
+               "on": list(job.get("restart_on") or []) if left else [],
+               "excluded": dict(plan.get("excluded") or {})}
+    if playbook != "launch":
+        why["restart"] = "verify starts no job"
+    elif detach:
+        why["restart"] = "detached: nothing watches the job to see it fail"
+    elif not allowed:
+        why["restart"] = "the job allows no restart (restarts 0)"
+    else:
+        why["restart"] = (f"restart {this} of {allowed}: a failure of a kind in restart_on "
+                          f"({', '.join(restart['on']) or 'none left'}) launches the run again "
+                          "without the failed node" if left else
+                          f"restart {this} of {allowed}: the restarts are spent")
     teardown = "none" if detach else "nodes_with_rules"
     why["teardown"] = ("detached: the rules stay until stop or collect of the run id"
                        if detach else "the nodes whose rules are still in place after the watch")
@@ -255,6 +291,7 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
         "firewall": {"start_opens": start_opens},
         "watch": watch,
         "teardown": teardown,
+        "restart": restart,
         "why": why,
     }
 
