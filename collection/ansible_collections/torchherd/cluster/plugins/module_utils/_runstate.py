@@ -5,8 +5,9 @@ the node's run directory), with one schema and one writer per transition.
 
 Sections, and who writes them (nobody else does):
 
-- job: the start (started_at, pid), the supervisor when a rank first wrote output
-  (first_output_at) and at the launcher's end (exit_code, ended_at), stop (stopped_at, killed).
+- job: the start (started_at, pid, restart: the whole-job restart it is), the supervisor
+  when a rank first wrote output (first_output_at) and at the launcher's end (exit_code,
+  ended_at), stop (stopped_at, killed).
 - barrier: the start, where the barrier ran in its call, or the supervisor, where it ran in the
   background (where, go, and what the barrier saw: served, expect, error).
 - gang: the master's supervisor (joined, expected, lost, error).
