@@ -492,7 +492,7 @@ def _facts_table(result: RunResult) -> Table:
     table = Table(title=f"run {result.run_id}: the nodes as preflight found them",
                   title_justify="left")
     for col in ("node", "rank", "python", "torch", "cuda", "nccl", "gpus", "launchers",
-                "interface", "disk free", "check"):
+                "interface", "disk free", "shm", "rdma", "check"):
         table.add_column(col, overflow="fold")
     for host, facts in result.hosts.items():
         table.add_row(*facts_cells(host, facts))

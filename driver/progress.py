@@ -145,7 +145,7 @@ _CHECK_STYLE = {"passed": "green", "failed": "red", "unreachable": "red"}
 
 def facts_cells(host: str, facts: dict[str, Any]) -> list[str]:
     """One node's cells of verify's facts table (markup escaped): node, rank, python, torch,
-    cuda, nccl, gpus, launchers, interface, disk free, check."""
+    cuda, nccl, gpus, launchers, interface, disk free, shm, rdma, check (and the warnings)."""
     rank = facts.get("node_rank")
     role = f"{'' if rank is None else rank} {facts.get('role') or ''}".strip()
     interface = facts.get("interface") or {}
@@ -153,12 +153,15 @@ def facts_cells(host: str, facts: dict[str, Any]) -> list[str]:
     check = str(facts.get("check") or "")
     if facts.get("failed_checks"):
         check += ": " + ", ".join(facts["failed_checks"])
+    if facts.get("warned_checks"):
+        check += "; warned: " + ", ".join(facts["warned_checks"])
     launchers = " ".join(f"{name} {version}" for name, version
                          in (facts.get("launchers") or {}).items() if version)
     style = _CHECK_STYLE.get(str(facts.get("check")))
     cells = [host, role, facts.get("python"), facts.get("torch"), facts.get("cuda"),
              facts.get("nccl"), gpus_text(facts.get("gpus") or []) if facts.get("torch") else None,
-             launchers, where, gib(facts.get("disk_free_bytes"))]
+             launchers, where, gib(facts.get("disk_free_bytes")), gib(facts.get("shm_bytes")),
+             ", ".join(facts.get("rdma") or [])]
     shown = [escape(str(c)) if c not in (None, "") else "-" for c in cells]
     return shown + [f"[{style}]{escape(check)}[/]" if style else escape(check)]
 

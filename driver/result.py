@@ -80,6 +80,9 @@ class NodeFacts(TypedDict, total=False):
     launchers: dict[str, str | None]  # launchers torch does not bring: version, or None
     interface: dict[str, Any] | None  # name, address, how: the job's traffic's interface
     disk_free_bytes: int | None  # free under the node's torchherd root
+    shm_bytes: int | None  # the size of /dev/shm
+    rdma: list[str]  # InfiniBand/RoCE ports, "mlx5_0:1 ACTIVE"
+    warned_checks: list[str]  # the warnings that named this node (the job may start)
     error: str | None  # why the interpreter or torch could not be read
 
 
@@ -246,6 +249,10 @@ def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[s
     for problem in gate.get("problems") or []:
         for host in str(problem.get("host", "")).split(", "):
             named.setdefault(host, []).append(str(problem.get("check", "")))
+    warned: dict[str, list[str]] = {}
+    for warning in gate.get("warnings") or []:
+        for host in str(warning.get("host", "")).split(", "):
+            warned.setdefault(host, []).append(str(warning.get("check", "")))
     nodes: dict[str, NodeFacts] = {}
     for node in plan.get("nodes") or []:
         host = node["host"]
@@ -275,6 +282,11 @@ def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[s
             "launchers": dict(torch.get("launchers") or {}),
             "interface": (gate.get("interfaces") or {}).get(host) or _interface(found),
             "disk_free_bytes": found.get("disk_free_bytes"),
+            "shm_bytes": found.get("shm_bytes"),
+            "rdma": [f"{device}:{port} {(info or {}).get('state') or '?'}"
+                     for device, ports in sorted((found.get("infiniband") or {}).items())
+                     for port, info in sorted((ports or {}).items())],
+            "warned_checks": warned.get(host, []),
             "error": python.get("error") or torch.get("error")}
     return nodes
 

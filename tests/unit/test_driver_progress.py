@@ -390,15 +390,19 @@ def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():
            "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8,
            "launchers": {"accelerate": "1.15.0", "deepspeed": None},
            "interface": {"name": "ib0", "address": "10.0.0.1", "how": "explicit"},
-           "disk_free_bytes": 68660191232}
+           "disk_free_bytes": 68660191232, "shm_bytes": 64 << 20,
+           "rdma": ["mlx5_0:1 ACTIVE", "mlx5_1:1 DOWN"],
+           "warned_checks": ["persistence mode", "shm"]}
     assert facts_cells("gpu0", gpu) == [
         "gpu0", "0 master", "3.12.3", "2.11.0+cu130", "13.0", "2.28.9",
         "8 x NVIDIA H100 80GB HBM3", "accelerate 1.15.0", "ib0 10.0.0.1", "63.9 GiB",
-        "[green]passed[/]"]
+        "0.1 GiB", "mlx5_0:1 ACTIVE, mlx5_1:1 DOWN",
+        "[green]passed; warned: persistence mode, shm[/]"]
     lost = {"node_rank": None, "role": "worker", "check": "unreachable",
             "failed_checks": ["ssh"], "gpus": [], "launchers": {}, "interface": None,
             "disk_free_bytes": None}
     assert facts_cells("n9", lost) == [
-        "n9", "worker", "-", "-", "-", "-", "-", "-", "-", "-", "[red]unreachable: ssh[/]"]
+        "n9", "worker", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
+        "[red]unreachable: ssh[/]"]
     assert gpus_text([]) == "cpu"
     assert gpus_text([{"name": "A"}, {"name": "B"}, {"name": "A"}]) == "2 x A, 1 x B"

@@ -180,6 +180,28 @@ def test_rdma_ports_the_job_uses_must_be_up():
     assert alone["ok"] and alone["warnings"] == []
 
 
+def test_the_start_names_exactly_the_active_rdma_ports():
+    ib = infiniband(str(STATE / "infiniband"))  # mlx5_0 port 1 ACTIVE, mlx5_1 port 1 DOWN
+
+    def node_env(env, ports=ib, backend="nccl", alone=False):
+        facts = node("a", "smi_query_gpu_l4.csv", infiniband=ports)
+        other = node("b", "smi_query_gpu_l4.csv")
+        other["torch"]["gpus"] = [dict(g, uuid="b-" + g["uuid"]) for g in other["torch"]["gpus"]]
+        nodes = {"a": facts} if alone else {"a": facts, "b": other}
+        return gate(*make(nodes, backend=backend, env=env))["node_env"]
+
+    assert node_env({}) == {"a": {"NCCL_IB_HCA": "=mlx5_0:1"}}  # b has no RDMA device
+    two = {**ib, "mlx5_1": {"1": dict(ib["mlx5_1"]["1"], state="ACTIVE")}}
+    assert node_env({}, two)["a"]["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    # The job's own choice, NCCL's IB off, one node (never on the network), gloo: nothing.
+    assert node_env({"NCCL_IB_HCA": "mlx5_1"}) == {}
+    assert node_env({"NCCL_IB_DISABLE": "1"}) == {}
+    assert node_env({}, alone=True) == {}
+    assert node_env({}, backend="gloo") == {}
+    all_down = {d: {"1": dict(p["1"], state="DOWN")} for d, p in ib.items()}
+    assert node_env({"NCCL_IB_DISABLE": "1"}, all_down) == {}
+
+
 def test_xid_history_warns_and_an_unreadable_log_says_nothing():
     xids = xid_lines((STATE / "kmsg_xid.txt").read_text().splitlines())
     assert len(xids) == 2 and xids[0].startswith("NVRM: Xid (PCI:0000:18:00): 48,")

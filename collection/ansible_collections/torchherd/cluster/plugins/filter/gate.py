@@ -110,6 +110,13 @@ _value:
     table:
       description: A per-host table of the key facts and the problems, for people.
       type: str
+    node_env:
+      description:
+        - "Per host, what the start adds to the job's environment from the node's facts (the
+          job's own env wins): for nccl jobs across nodes with InfiniBand/RoCE ports,
+          C(NCCL_IB_HCA) naming exactly the ACTIVE ones (C(=mlx5_0:1,mlx5_1:1)) unless the job
+          sets it or C(NCCL_IB_DISABLE)."
+      type: dict
     left_out:
       description: The plan's C(excluded) and C(left_out) (C(torchherd.cluster.choose_nodes)),
         each node the launch left out and why; empty where the job takes every node.
@@ -233,6 +240,13 @@ def gate(hosts, hostvars, plan, match=None):
         problems += [_problem(*p) for p in interconnect.pop("problems")]
     rows = _rows(hosts, facts, interfaces, gpu_counts, nprocs)
     left_out = {**(plan.get("excluded") or {}), **(plan.get("left_out") or {})}
+    # What the start adds to each node's environment from its facts (the job's env wins).
+    node_env = {}
+    if backend == "nccl":
+        for host, f in usable.items():
+            hca = ib_hca(f, plan)
+            if hca:
+                node_env[host] = {"NCCL_IB_HCA": hca}
     return {
         "ok": not problems,
         "problems": problems,
@@ -244,6 +258,7 @@ def gate(hosts, hostvars, plan, match=None):
         "backend": backend,
         "interconnect": interconnect,
         "left_out": left_out,
+        "node_env": node_env,
         "table": render(rows, problems, interconnect, warnings, left_out),
     }
 
@@ -744,6 +759,19 @@ def rdma_ports(host, f, needed, plan):
         host, "rdma port", "an ACTIVE InfiniBand/RoCE port for NCCL", listed,
         "bring a port up (ibstat shows them; cable, switch, subnet manager), or set "
         "NCCL_IB_DISABLE=1 in the job's env to run NCCL over TCP" + fix)]
+
+
+def ib_hca(f, plan):
+    """The NCCL_IB_HCA the start sets on a node of an nccl job that spans nodes, where the job
+    leaves NCCL's InfiniBand/RoCE on and names no HCAs itself: exactly the ports that are ACTIVE
+    ("=mlx5_0:1,mlx5_1:1"), so that NCCL never picks one that is down. None where there is
+    nothing to choose (no device, none active) or the job chose."""
+    if not _ib_used(plan, f) or _env(plan).get("NCCL_IB_HCA"):
+        return None
+    active = [f"{device}:{port}" for device, found in sorted(f["infiniband"].items())
+              for port, info in sorted((found or {}).items(), key=lambda p: (len(p[0]), p[0]))
+              if (info or {}).get("state") == "ACTIVE"]
+    return "=" + ",".join(active) if active else None
 
 
 # The checks of the GPUs a node's processes use and NCCL's needs, for nccl jobs: refusals.
