@@ -432,7 +432,18 @@ def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
                                        verbosity=verbosity)
                 if outcome.cancelled:
                     return _settle_after_cancel(handle)
-                result = _result(handle.run_dir, "launch", outcome)
+                try:
+                    latest = _result(handle.run_dir, "launch", outcome)
+                except UsageError as exc:
+                    if not incidents:
+                        raise
+                    # The restart could not be planned (too few nodes left, say): the failed
+                    # launch stands, and says why it was not restarted.
+                    restarts.restore_attempt(handle.run_dir, restart)
+                    incidents[-1]["error"] = str(exc)
+                    result.reason += f"; restart {restart} could not start: {exc}"
+                    break
+                result = latest
                 restarts.settle(incidents, result.summary)
                 nxt = restarts.incident(result.summary,
                                         read_json(handle.run_dir / "schedule.json") or {})

@@ -10,6 +10,7 @@ keeps the record of each incident.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -68,6 +69,20 @@ def keep_attempt(run_dir: Path, restart: int) -> Path:
         if entry.name not in _KEEP:
             os.replace(entry, kept / entry.name)
     return kept
+
+
+def restore_attempt(run_dir: Path, restart: int) -> None:
+    """Undo keep_attempt where restart ``restart`` could not even be planned: the failed
+    launch's records are the run's again."""
+    kept = run_dir / "restarts" / str(restart - 1)
+    if not kept.is_dir():
+        return
+    for entry in kept.iterdir():
+        if not (run_dir / entry.name).exists():
+            os.replace(entry, run_dir / entry.name)
+    with contextlib.suppress(OSError):
+        kept.rmdir()
+        (run_dir / "restarts").rmdir()
 
 
 def record(run_dir: Path, incidents: list[dict[str, Any]]) -> None:

@@ -65,3 +65,12 @@ def test_record_adds_the_incidents_to_the_summary(tmp_path):
     restarts.record(tmp_path, [{"restart": 1}])
     assert json.loads((tmp_path / "summary.json").read_text()) == {
         "state": "succeeded", "incidents": [{"restart": 1}]}
+
+
+def test_a_restart_that_could_not_start_gives_the_run_back_its_records(tmp_path):
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "driver.json").write_text("{}")
+    restarts.keep_attempt(tmp_path, 1)
+    assert not (tmp_path / "summary.json").exists()
+    restarts.restore_attempt(tmp_path, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["driver.json", "summary.json"]

@@ -30,7 +30,7 @@ def hosts(entries):
 def choose(problems, spares=("n3",), **extra):
     hv = hostvars(spares)
     first = plan(job(**extra), GROUPS, hv, run_id="r1")
-    return first, choose_nodes(first, {"problems": problems}, job(**extra), GROUPS, hv)
+    return first, choose_nodes(first, {"problems": problems}, GROUPS, hv)
 
 
 def test_spares_wait_behind_the_nodes_without_a_rank():
@@ -50,7 +50,7 @@ def test_node_count_takes_the_first_nodes_not_marked_spare_first():
 def test_without_spares_or_node_count_every_node_runs():
     p = plan(job(), GROUPS, hostvars(spares=()), run_id="r1")
     assert len(p["nodes"]) == 4 and p["spares"] == []
-    assert choose_nodes(p, {"problems": [problem("n1")]}, job(), GROUPS, hostvars(())) is p
+    assert choose_nodes(p, {"problems": [problem("n1")]}, GROUPS, hostvars(())) is p
 
 
 def test_a_healthy_spare_takes_the_rank_of_the_failed_node():
@@ -138,5 +138,5 @@ def test_without_a_spare_an_excluded_node_leaves_fewer_only_where_allowed():
 def test_the_chosen_plan_names_the_excluded_nodes_too():
     hv = hostvars(spares=("n2", "n3"))
     first = plan(job(node_count=2), GROUPS, hv, run_id="r1", exclude={"n0": "lost"})
-    chosen = choose_nodes(first, {"problems": []}, job(node_count=2), GROUPS, hv)
+    chosen = choose_nodes(first, {"problems": []}, GROUPS, hv)
     assert chosen["left_out"] == {"n0": "lost", "n3": "a spare the job did not need"}

@@ -18,11 +18,11 @@ description:
     the first healthy spare (inventory order) takes its node rank; where no spare is left the
     job runs on fewer nodes if its C(min_node_count) allows it.
   - Every value that follows from the nodes (ranks, master, firewall peers, nnodes, world size)
-    comes from the plan filter run again on the chosen nodes.
+    comes from the plan filter run again on the chosen nodes, with the plan's own job.
   - Returns the plan unchanged where it has no spares, or where no choice can save the launch
     (a problem between nodes or of the launch itself, too few healthy nodes, or a master named
     by the job that failed). The gate then refuses the launch as it would without spares.
-positional: _input, gate, job, groups, hostvars
+positional: _input, gate, groups, hostvars
 options:
   _input:
     description: The plan (C(torchherd_plan)).
@@ -30,10 +30,6 @@ options:
     required: true
   gate:
     description: The verdict of C(torchherd.cluster.gate) on the plan's nodes and spares.
-    type: dict
-    required: true
-  job:
-    description: The job (C(torchherd_job)), as the plan was computed from.
     type: dict
     required: true
   groups:
@@ -49,7 +45,7 @@ options:
 EXAMPLES = r"""
 - name: Take the first healthy nodes
   ansible.builtin.set_fact:
-    torchherd_plan: "{{ torchherd_plan | torchherd.cluster.choose_nodes(torchherd_gate, torchherd_job, groups, hostvars) }}"
+    torchherd_plan: "{{ torchherd_plan | torchherd.cluster.choose_nodes(torchherd_gate, groups, hostvars) }}"
 """
 
 RETURN = r"""

@@ -374,7 +374,7 @@ def healthy_choice(plan_, gate_):
     return chosen, left_out
 
 
-def choose_nodes(plan_, gate_, job, groups, hostvars):
+def choose_nodes(plan_, gate_, groups, hostvars):
     """The plan again on the healthy nodes (see RETURN of the filter docs): a spare takes the
     place (the node rank) of a node that failed preflight, the master is the first chosen node
     unless the job names one, and every value that follows from the nodes (ranks, firewall
@@ -387,9 +387,10 @@ def choose_nodes(plan_, gate_, job, groups, hostvars):
     if choice is None:
         return plan_
     chosen, left_out = choice
-    again = plan(job, groups, hostvars, run_id=plan_["run_id"],
-                 # The script was checked by the first plan; it is the same job.
-                 playbook="verify", chosen=chosen)
+    # The plan's own job (normalized; secret values redacted, which no node-derived value
+    # reads). The script was checked by the first plan; it is the same job.
+    again = plan(plan_["job"], groups, hostvars, run_id=plan_["run_id"], playbook="verify",
+                 chosen=chosen)
     result = dict(plan_)
     result.update({key: again[key] for key in ("nodes", "nnodes", "nproc_per_node",
                                                "world_size", "master", "barrier")})
