@@ -420,6 +420,7 @@ def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
         # Whole-job restarts (the job's restarts and restart_on): each launch of the run id
         # after a failure leaves the failed nodes out; a spare takes their ranks.
         restart, exclude, incidents = 0, {}, []
+        result: RunResult | None = None
         started = launched_at
         try:
             while True:
@@ -435,7 +436,7 @@ def _launch_work(job: dict[str, Any], verbosity: int, launched_at: float,
                 try:
                     latest = _result(handle.run_dir, "launch", outcome)
                 except UsageError as exc:
-                    if not incidents:
+                    if result is None:
                         raise
                     # The restart could not be planned (too few nodes left, say): the failed
                     # launch stands, and says why it was not restarted.
