@@ -16,6 +16,6 @@ if [ "${1:-}" = "quick" ]; then
   exit 0
 fi
 echo "== cluster tests"
-python -m pytest -q tests/integration
+python -m pytest -q tests/integration --durations=30
 echo "== molecule"
 scripts/molecule.sh
