@@ -158,7 +158,12 @@ def facts_cells(host: str, facts: dict[str, Any]) -> list[str]:
     launchers = " ".join(f"{name} {version}" for name, version
                          in (facts.get("launchers") or {}).items() if version)
     style = _CHECK_STYLE.get(str(facts.get("check")))
-    cells = [host, role, facts.get("python"), facts.get("torch"), facts.get("cuda"),
+    python = facts.get("python")
+    venv = facts.get("venv") or {}
+    if python and venv:
+        python += (f" venv made {venv.get('seconds') or 0:.1f} s" if venv.get("made")
+                   else " venv")
+    cells = [host, role, python, facts.get("torch"), facts.get("cuda"),
              facts.get("nccl"), gpus_text(facts.get("gpus") or []) if facts.get("torch") else None,
              launchers, where, gib(facts.get("disk_free_bytes")), gib(facts.get("shm_bytes")),
              ", ".join(facts.get("rdma") or [])]

@@ -72,6 +72,9 @@ class NodeFacts(TypedDict, total=False):
     failed_checks: list[str]  # the checks that named this node
     python: str | None  # version of the job's interpreter
     python_path: str | None
+    # The job's locked venv (job key venv): path, made (this launch made it, else reused),
+    # seconds spent on it, packages (as uv pip freeze lists them); None without one.
+    venv: dict[str, Any] | None
     torch: str | None
     cuda: str | None
     nccl: str | None
@@ -274,6 +277,8 @@ def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[s
             "role": "master" if host == master else "worker",
             "hostname": found.get("hostname"), "check": check, "failed_checks": checks,
             "python": python.get("version"), "python_path": python.get("executable"),
+            "venv": ({k: found["venv"].get(k) for k in ("path", "made", "seconds", "packages")}
+                     if found.get("venv") else None),
             "torch": torch.get("version"), "cuda": torch.get("cuda"),
             "nccl": torch.get("nccl"),
             "gpus": [{"name": g.get("name"), "memory_bytes": g.get("memory_bytes")}

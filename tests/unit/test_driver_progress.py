@@ -406,3 +406,13 @@ def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():
         "[red]unreachable: ssh[/]"]
     assert gpus_text([]) == "cpu"
     assert gpus_text([{"name": "A"}, {"name": "B"}, {"name": "A"}]) == "2 x A, 1 x B"
+
+
+def test_facts_cells_say_where_the_job_runs_in_a_locked_venv():
+    node = {"node_rank": 1, "role": "worker", "check": "passed", "python": "3.11.2",
+            "torch": "2.13.0+cpu", "gpus": [], "launchers": {}}
+    made = dict(node, venv={"path": "/root/.torchherd/venvs/k", "made": True, "seconds": 8.04})
+    assert facts_cells("n1", made)[2] == "3.11.2 venv made 8.0 s"
+    reused = dict(node, venv={"path": "/root/.torchherd/venvs/k", "made": False, "seconds": 0.0})
+    assert facts_cells("n1", reused)[2] == "3.11.2 venv"
+    assert facts_cells("n1", node)[2] == "3.11.2"

@@ -423,3 +423,20 @@ def test_backend_available_and_duplicate_gpus_by_backend():
     assert [x["host"] for x in duplicate_gpus(box, "nccl")] == ["a, b"]
     # gloo does not mind two processes on one GPU.
     assert duplicate_gpus(box, "gloo") == []
+
+
+def test_a_venv_that_could_not_be_made_is_the_nodes_problem_not_its_python(tmp_path):
+    (tmp_path / "req.lock").write_text("thpin==9.9\n")
+    hosts, hostvars, p = make({"a": cpu("a"), "b": cpu("b")}, code_src=str(tmp_path),
+                              venv={"lock": "req.lock"})
+    broken = hostvars["b"]["torchherd_facts"]
+    broken["venv"] = {"path": "/root/.torchherd/venvs/k", "made": False,
+                      "error": "uv pip sync exited with 1: No solution found: thpin==9.9"}
+    broken["python"] = {"path": "/root/.torchherd/venvs/k/bin/python", "version": None,
+                        "error": "interpreter not found"}
+    broken["torch"] = {"version": None, "error": "interpreter not found"}
+    verdict = gate(hosts, hostvars, p)
+    assert checks(verdict) == [("b", "venv")]
+    problem = verdict["problems"][0]
+    assert "req.lock" in problem["expected"] and "thpin==9.9" in problem["found"]
+    assert "find_links" in problem["fix"]

@@ -291,9 +291,24 @@ def answered(hosts, hostvars):
     return facts, problems
 
 
+def venv(host, f, plan):
+    """The job's locked venv was made (or found) on the node."""
+    made = f.get("venv") or {}
+    if not made.get("error"):
+        return []
+    lock = (plan["job"].get("venv") or {}).get("lock")
+    return [_problem(host, "venv", f"a venv from {lock} made with uv at {made.get('path')}",
+                     made["error"].strip()[-600:],
+                     "check that the node reaches the job's venv.index_url or venv.find_links "
+                     "and that every pinned version is there for its Python and platform; uv "
+                     "comes from PATH, ~/.local/bin or a pip install (or set venv.uv)")]
+
+
 def interpreter(host, f, plan):
     """The job's interpreter runs and imports torch."""
     py, torch = f["python"], f["torch"]
+    if (f.get("venv") or {}).get("error"):
+        return []  # the venv's problem says why its interpreter is not there
     if "took more than" in (torch.get("error") or ""):
         # The probe ran out of time: the interpreter is there, it says nothing of its version.
         return [_problem(host, "torch", f"torch importable by {py.get('path')} "
@@ -355,7 +370,7 @@ def run_id_free(host, f, plan):
 
 
 # The checks of one node's own facts, in the order their problems are listed.
-NODE_CHECKS = (interpreter, rsync, py_spy, disk, run_id_free)
+NODE_CHECKS = (venv, interpreter, rsync, py_spy, disk, run_id_free)
 
 
 def launcher_installed(usable, launcher):

@@ -117,9 +117,19 @@ _value:
           type: str
           sample: ~/.torchherd/code/train
         python:
-          description: The node's C(torchherd_python), else the job's C(python), else the node's C(ansible_python_interpreter), else empty.
+          description:
+            - The node's C(torchherd_python), else the job's C(python), else the node's
+              C(ansible_python_interpreter), else empty.
+            - With the job's C(venv), the interpreter of the node's venv (C(<root>/venvs/<key>/bin/python)).
           type: str
           sample: /opt/venv/bin/python
+        venv:
+          description:
+            - Only with the job's C(venv) - the node's venv, C(path) (C(<root>/venvs/<key>)),
+              C(key) (a hash of the lock, of C(system_site_packages) and of C(base_python)) and
+              C(base_python), the interpreter it is made from (what C(python) would be without
+              a venv).
+          type: dict
         nproc_per_node:
           description: The node's C(torchherd_nproc_per_node), else the job's; an integer or C(auto).
           type: raw
@@ -191,12 +201,18 @@ _value:
     master:
       description: C(host), C(addr) and C(port) of the rendezvous master.
       type: dict
+    venv:
+      description: The hash of the job's C(venv.lock) and C(venv.system_site_packages), null
+        without a lock (which is read on the controller, and refused unless every requirement
+        is pinned).
+      type: str
     barrier:
       description: Whether the start's barrier is on (false where a node's
         C(torchherd_torchrun_barrier) turns it off); the schedule decides where it runs.
       type: bool
 """
 
+import hashlib
 import os
 import re
 
@@ -314,6 +330,51 @@ def _script(script, code_src, problems):
                         f"directory that holds it")
         return script
     return inside
+
+
+def _venv(job, problems):
+    """The hash of the job's lock and of what else shapes its venv (None without a lock).
+
+    The lock is read here, on the controller, so that a lock that is missing or pins nothing is
+    refused before any node is touched; preflight sends its text to the nodes."""
+    spec = job.get("venv") or {}
+    if not spec.get("lock"):
+        return None
+    src = os.path.realpath(os.path.expanduser(job.get("code_src") or "."))
+    path = os.path.join(src, spec["lock"])
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        problems.append(f"job.venv.lock: expected a lock file inside code_src {src}, found "
+                        f"{exc.strerror or exc} at {path}; fix: give its path relative to "
+                        f"code_src (uv pip compile requirements.in -o requirements.lock makes "
+                        f"one)")
+        return None
+    loose = unpinned(text)
+    if loose:
+        problems.append(f"job.venv.lock: expected every requirement in {spec['lock']} pinned "
+                        f"with == (a lock), found {', '.join(loose[:5])}; fix: make the lock "
+                        f"with uv pip compile (or uv export --format requirements-txt)")
+        return None
+    return hashlib.sha256(f"{text}\0{bool(spec.get('system_site_packages'))}".encode()
+                          ).hexdigest()
+
+
+def unpinned(text):
+    """The requirements of a requirements file that pin no version (a lock pins them all)."""
+    joined = re.sub(r"\\\n", " ", text)
+    loose = []
+    for raw in joined.splitlines():
+        line = re.sub(r"(^|\s)#.*", "", raw).strip()
+        if not line or line.startswith(("--hash", "--index-url", "--extra-index-url",
+                                        "--find-links", "--no-index", "-i ", "-f ")):
+            continue
+        requirement = line.split(";", 1)[0].split(" --hash", 1)[0].strip()
+        if line.startswith("-") or not (re.search(r"[^=!<>~]===?[^=]", requirement)
+                                        or " @ " in requirement):
+            loose.append(requirement)
+    return loose
 
 
 def _node_count(job, candidates, hvs, chosen, exclude, problems):
@@ -558,6 +619,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
                         "firewall_ports, or use firewall_mode members (see the firewall "
                         "role's README.md)")
 
+    venv = _venv(merged, problems)
+
     if problems:
         raise AnsibleFilterError("torchherd plan: the job cannot start:\n  - "
                                  + "\n  - ".join(problems))
@@ -569,11 +632,19 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     uniform = list(dict.fromkeys(nprocs[h] for h in nodes))
 
     def entry(h, rank):
+        python = str(hvs[h].get("torchherd_python") or merged["python"]
+                     or hvs[h].get("ansible_python_interpreter") or "")
+        own = {}
+        if venv:
+            # The node's venv: its key also hashes the interpreter it is made from.
+            key = hashlib.sha256(f"{venv}\0{python}".encode()).hexdigest()[:16]
+            own["venv"] = {"path": f"{root_of[h]}/venvs/{key}", "key": key,
+                           "base_python": python}
+            python = f"{root_of[h]}/venvs/{key}/bin/python"
         return {"host": h, "address": addresses[h], "node_rank": rank, "root": root_of[h],
                 "code_dir": str(hvs[h].get("torchherd_code_dest") or merged["code_dest"]
                                 or f"{root_of[h]}/code/{name}"),
-                "python": str(hvs[h].get("torchherd_python") or merged["python"]
-                              or hvs[h].get("ansible_python_interpreter") or ""),
+                "python": python, **own,
                 "nproc_per_node": nprocs[h],
                 "interface": str(hvs[h].get("torchherd_socket_ifname")
                                  or merged["socket_ifname"] or ""),
@@ -582,6 +653,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     return {
         "run_id": run_id,
         "job": redact(merged),
+        # The hash of the job's lock (None without one); each node's venv is in its entry.
+        "venv": venv,
         "nodes": [entry(h, i) for i, h in enumerate(nodes)],
         # Candidates preflight checks beside the nodes; C(choose_nodes) puts the first healthy
         # ones in the place of nodes that failed it. Empty where the job takes every node.

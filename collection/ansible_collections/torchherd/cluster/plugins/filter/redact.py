@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 DOCUMENTATION = r"""
 name: redact
 author: torchherd developers
@@ -11,7 +13,8 @@ version_added: 0.1.0
 short_description: Hide the values of every secret_env in a plan or a job
 description:
   - Returns a copy of the input in which every C(secret_env) dictionary, at any depth, keeps its
-    names but has each value replaced by C(********).
+    names but has each value replaced by C(********), and every C(index_url) (a package
+    index, as in a job's C(venv)) has the credentials of its URL replaced the same way.
   - Everything else comes back as it is, so the result is fit for facts, files and output.
     The filter C(torchherd.cluster.plan) applies it to the job it returns, so the plan (a fact,
     C(plan.json), C(summary.json)) never holds a secret value.
@@ -38,11 +41,21 @@ _value:
 """
 
 
+_USERINFO = re.compile(r"//[^/@\s]*@")
+
+
+def _value(key, value):
+    if key == "secret_env" and isinstance(value, dict):
+        return {name: "********" for name in value}
+    if key == "index_url" and isinstance(value, str):
+        return _USERINFO.sub("//********@", value)
+    return redact(value)
+
+
 def redact(value):
     """The plan (or job) with every secret_env value replaced, fit for files and output."""
     if isinstance(value, dict):
-        return {k: ({name: "********" for name in v} if k == "secret_env" and isinstance(v, dict)
-                    else redact(v)) for k, v in value.items()}
+        return {k: _value(k, v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value

@@ -32,7 +32,7 @@ options:
   python:
     description: The job's interpreter on this node; it must import torch. Empty means the one
       running this module.
-    type: str
+    type: path
     default: ""
   master_addr:
     description: Address of the master node, as every node reaches it.
@@ -163,7 +163,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect im
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            python=dict(type="str", default=""),
+            python=dict(type="path", default=""),
             master_addr=dict(type="str", required=True),
             master_port=dict(type="int", required=True),
             node_rank=dict(type="int", required=True),

@@ -43,7 +43,7 @@ options:
     required: true
   python:
     description: The job's interpreter; py-spy is looked for next to it first.
-    type: str
+    type: path
     default: ""
   mark_hung:
     description: Write the run's C(hung) file (the job was declared hung).
@@ -128,7 +128,7 @@ def main():
         argument_spec=dict(
             run_id=dict(type="str", required=True),
             root=dict(type="path", required=True),
-            python=dict(type="str", default=""),
+            python=dict(type="path", default=""),
             mark_hung=dict(type="bool", default=False),
             flight_recorder_wait=dict(type="float", default=10),
         ),

@@ -29,12 +29,16 @@ extends_documentation_fragment:
   - torchherd.cluster._attributes.INFO_MODULE
 attributes:
   check_mode:
-    details: It only reads and reports; the one file it writes is its own cache of the torch
-      probe (O(cache_seconds)), in check mode too.
+    details: It reads and reports; it writes its own cache of the torch probe
+      (O(cache_seconds)), in check mode too, and makes the job's venv where O(venv) asks for
+      one, not in check mode.
 options:
   python:
-    description: Interpreter of the job; empty means the one running this module.
-    type: str
+    description:
+      - Interpreter of the job; empty means the one running this module. C(~) is the node
+        user's home.
+      - With O(venv), the venv's interpreter (the plan's C(<root>/venvs/<key>/bin/python)).
+    type: path
     default: ""
   root:
     description: torchherd's directory on the node (runs and code live under it).
@@ -83,6 +87,49 @@ options:
         decide.
     type: str
     default: ""
+  venv:
+    description:
+      - The job's locked venv. Before anything else, the module makes it with uv at O(venv.path)
+        from O(venv.lock), or reuses it where the same O(venv.key) made it before (see
+        RV(venv)); O(python) is then its interpreter. Empty (the default) makes none.
+      - uv is the one named, else on C(PATH), in C(~/.local/bin), C(<root>/tools/uv), or
+        C(<base_python> -m uv); without one it is installed with pip into C(<root>/tools/uv)
+        from the same index or wheelhouse. uv's cache is C(<root>/cache/uv).
+      - A venv that cannot be made is no failure of the module; RV(venv.error) says why. In
+        check mode, a venv that is not there yet is not made (RV(venv.missing)).
+    type: dict
+    default: {}
+    suboptions:
+      path:
+        description: The venv's directory.
+        type: path
+      key:
+        description: The plan's hash of the lock and of these options; the venv there is reused while it is the same.
+        type: str
+      lock:
+        description: The lock's text, a requirements file whose every requirement is pinned.
+        type: str
+      base_python:
+        description: The interpreter the venv is made from; empty means the one running this module.
+        type: path
+        default: ""
+      index_url:
+        description: The package index to install from; empty means uv's default.
+        type: str
+        default: ""
+      find_links:
+        description: Wheelhouses (directories on the node or URLs); without O(venv.index_url), no index is used.
+        type: list
+        elements: str
+        default: []
+      system_site_packages:
+        description: Whether the venv sees the base interpreter's packages too.
+        type: bool
+        default: false
+      uv:
+        description: The uv to run; empty finds one.
+        type: path
+        default: ""
 """
 
 EXAMPLES = r"""
@@ -110,6 +157,15 @@ root:
   returned: always
   type: str
   sample: /root/.torchherd
+venv:
+  description:
+    - The job's locked venv where O(venv) was given, else null - C(path), C(python), C(key),
+      C(made) (true where this call made it, false where it was reused), C(seconds) this call
+      spent on it, C(uv) (its version), C(packages) (as C(uv pip freeze) lists them), or
+      C(error) where it could not be made.
+  returned: always
+  type: dict
+  sample: {path: /root/.torchherd/venvs/3f9a1c2e7b4d5a60, made: false, seconds: 0.001, uv: uv 0.13.9}
 python:
   description: Path, version and executable of the job interpreter; C(error) when it does not run.
   returned: always
@@ -279,6 +335,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import py_spy_path
+from ansible_collections.torchherd.cluster.plugins.module_utils._venv import VenvError, ensure
 
 # The installed version of every launcher that torch does not bring, by its distribution
 # (nothing is imported); part of both programs below, which run in the job's interpreter.
@@ -515,10 +572,21 @@ def free_disk(path):
     return stat.f_bavail * stat.f_frsize
 
 
+def made_venv(spec, root, dry=False):
+    """The job's venv made or reused (see _venv.ensure); its error, not a failure, otherwise."""
+    try:
+        return ensure(spec["path"], spec["lock"] or "", spec["key"],
+                      spec["base_python"] or sys.executable, root,
+                      index_url=spec["index_url"], find_links=spec["find_links"],
+                      system_site_packages=spec["system_site_packages"], uv=spec["uv"], dry=dry)
+    except (VenvError, OSError, subprocess.TimeoutExpired) as exc:
+        return {"path": spec["path"], "key": spec["key"], "made": False, "error": str(exc)}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            python=dict(type="str", default=""),
+            python=dict(type="path", default=""),
             root=dict(type="path", required=True),
             port=dict(type="int", default=0),
             probe_timeout=dict(type="float", default=60),
@@ -527,12 +595,23 @@ def main():
             code_files=dict(type="list", elements="str", default=[]),
             master_addr=dict(type="str", default=""),
             interface=dict(type="str", default=""),
+            venv=dict(type="dict", default={}, options=dict(
+                path=dict(type="path"),
+                key=dict(type="str", no_log=False),
+                lock=dict(type="str"),
+                base_python=dict(type="path", default=""),
+                index_url=dict(type="str", default="", no_log=True),
+                find_links=dict(type="list", elements="str", default=[]),
+                system_site_packages=dict(type="bool", default=False),
+                uv=dict(type="path", default=""),
+            )),
         ),
         supports_check_mode=True,
     )
     p = module.params
     python = p["python"] or sys.executable
     root = os.path.abspath(p["root"])
+    venv = made_venv(p["venv"], root, module.check_mode) if (p["venv"] or {}).get("key") else None
     # Once per call, cached probe or not: who holds the GPUs and their health change any time.
     driver = read_gpus(NVIDIA_PROC)
     py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"], driver)
@@ -548,6 +627,7 @@ def main():
         hostname=socket.gethostname(),
         euid=os.geteuid(),
         root=root,
+        venv=venv,
         python=py,
         torch=torch,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -67,8 +67,8 @@ options:
     type: path
     required: true
   python:
-    description: Interpreter that runs torchrun; empty means the one running this module.
-    type: str
+    description: Interpreter that runs torchrun; empty means the one running this module. C(~) is the node user's home.
+    type: path
     default: ""
   launcher:
     description:
@@ -762,7 +762,7 @@ def main():
             run_id=dict(type="str", required=True),
             restart=dict(type="int", default=0),
             root=dict(type="path", required=True),
-            python=dict(type="str", default=""),
+            python=dict(type="path", default=""),
             launcher=dict(type="str", default="torchrun",
                           choices=list(LAUNCHERS)),
             launcher_args=dict(type="list", elements="str", default=[]),
