@@ -33,7 +33,8 @@ def incident(summary: dict[str, Any], schedule: dict[str, Any]) -> dict[str, Any
     restart = int(policy.get("this") or 0)
     node = summary.get("cause")
     entry = (summary.get("hosts") or {}).get(node) or {}
-    at = entry.get("ended_at") or summary.get("written_at") or time.time()
+    # A lost node has no end: the moment the master's gang saw its link close.
+    at = entry.get("ended_at") or entry.get("lost_at") or summary.get("written_at") or time.time()
     return {
         "restart": restart + 1, "at": at, "kind": kind,
         # An exception of the job's own code is no node's fault: none is left out for it.

@@ -52,6 +52,7 @@ class HostResult(TypedDict, total=False):
     started_at: float | None
     ended_at: float | None
     first_output_at: float | None  # when a rank of the node first wrote output
+    lost_at: float | None  # when the master's gang saw the node's link close (a lost node)
     clock_offset: float | None  # seconds the node's clock is ahead of the controller's
     log: str | None  # runs/<run_id>/nodes/<host>/node.log on the controller
     logs_fetched: bool

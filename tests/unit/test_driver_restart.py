@@ -22,7 +22,11 @@ def summary(kind="node_lost", state="failed", cause="n1", **hosts):
 def test_a_lost_node_restarts_and_is_named():
     inc = restarts.incident(summary(), JOB)
     assert inc["restart"] == 1 and inc["kind"] == "node_lost" and inc["node"] == "n1"
-    assert inc["node_rank"] == 1 and inc["at"] == 100.0  # a lost node has no end: the summary's
+    assert inc["node_rank"] == 1 and inc["at"] == 100.0  # no end, no loss seen: the summary's
+    # Where the master's gang saw the link close, that moment.
+    seen = summary(n0={"node_rank": 0, "ended_at": 90.0},
+                   n1={"node_rank": 1, "ended_at": None, "lost_at": 80.5})
+    assert restarts.incident(seen, JOB)["at"] == 80.5
 
 
 def test_no_restart_once_spent_or_for_other_kinds_or_states():

@@ -34,13 +34,17 @@ def test_a_node_the_masters_gang_lost_while_its_job_ran_is_unreachable():
     exit), so the launch did not collect it: lost, not running."""
     master = watched(100.0, 100.0, 100.0, state="stopped")
     master["torchherd_watch"]["record"] = {"seq": 9, "gang": {"joined": 2, "expected": 2,
-                                                             "lost": ["n2"]}}
+                                                             "lost": ["n2"],
+                                                             "lost_at": {"n2": 95.0}}}
     started = {"torchherd_node": {"node_rank": 1},
                "torchherd_start": {"job_state": "running", "started_at": 90.0}}
     results = node_results(["n0", "n1", "n2"], {"n0": master, "n1": started, "n2": started})
     assert (results["n1"]["unreachable"], results["n2"]["unreachable"]) == (False, True)
     assert results["n2"]["error"].startswith("its link to the master's gang closed")
     assert results["n2"]["job_state"] == "running"  # summary makes it lost
+    # When the master saw it go, on the controller's clock (the master's offset applied).
+    assert results["n2"]["lost_at"] == round(95.0 - results["n0"]["clock_offset"], 3)
+    assert results["n1"]["lost_at"] is None
 
 
 def test_the_first_output_is_on_the_controllers_clock_and_timed_from_the_launch():

@@ -76,7 +76,8 @@ def test_a_node_lost_without_a_word_stops_a_static_gang_not_an_elastic_one():
         nodes[1].own_exit(0 if elastic else -15)
         master.own_exit(0, "n0", linger=2)
         # The master names the node it lost (its first word on the link was its name).
-        assert master.lost == ["n1"]
+        assert master.lost == ["n1"] and list(master.lost_at) == ["n1"]
+        assert abs(master.lost_at["n1"] - time.time()) < 30
         if not elastic:
             assert master_stop.why[0].startswith("n1 at ") and "was lost" in master_stop.why[0]
 

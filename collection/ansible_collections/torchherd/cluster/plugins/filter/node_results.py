@@ -16,7 +16,8 @@ description:
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
   - A node lost while its job ran (C(lost) of C(torchherd.cluster.run_state), where the master's
-    gang lost it) counts as unreachable (the launch did not try it again).
+    gang lost it) counts as unreachable (the launch did not try it again); its C(lost_at) is
+    when the master saw its link close, on the controller's clock (null for other nodes).
   - C(started_at), C(ended_at) and C(first_output_at) (when a rank first wrote output, from the
     node's run-state record) are on the controller's clock, C(clock_offset) seconds behind
     the node's (from the time the node answered and the time its answer came back, see the
@@ -127,6 +128,11 @@ def node_results(hosts, hostvars, nodes_dir=""):
             entry["sync"] = {"files": sync["transferred_files"],
                              "bytes": sync["transferred_bytes"]}
         out[host] = entry
+    for host, entry in out.items():
+        # A lost node's moment of loss, as the master saw it, on the controller's clock.
+        seen_by = states[host].get("lost_seen_by")
+        entry["lost_at"] = _shifted(states[host].get("lost_at"),
+                                    (out.get(seen_by) or {}).get("clock_offset"))
     return out
 
 

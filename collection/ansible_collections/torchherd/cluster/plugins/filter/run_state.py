@@ -75,6 +75,13 @@ _value:
     lost_why:
       description: Why it counts as lost (empty when it does not).
       type: str
+    lost_at:
+      description: When the master's gang saw the node's link close, on the clock of the node
+        whose record says so (C(lost_seen_by)); null where the gang did not lose it.
+      type: float
+    lost_seen_by:
+      description: The node (the master) whose record holds C(lost_at).
+      type: str
 """
 
 # The registered results of the launch's phases that answer with a copy of the record.
@@ -127,6 +134,9 @@ def run_state(hosts, hostvars, nodes_dir=""):
         records[host] = newest(copies + [_collected(nodes_dir, host)])
     gang_lost = {name for rec in records.values() if rec
                  for name in (_plain(rec.get("gang")).get("lost") or [])}
+    # When the master saw each one go, on its clock (its host: whose clock it is).
+    lost_at = {name: (host, when) for host, rec in records.items() if rec
+               for name, when in (_plain(_plain(rec.get("gang")).get("lost_at"))).items()}
     out = {}
     for host in hosts:
         hv = hostvars.get(host, {})
@@ -142,7 +152,9 @@ def run_state(hosts, hostvars, nodes_dir=""):
             why = f"no answer over SSH ({unreachable[0].replace('torchherd_', '')})"
         elif host in gang_lost:
             why = "its link to the master's gang closed without its launcher's end"
-        out[host] = {"record": record, "rules_open": rules, "lost": bool(why), "lost_why": why}
+        seen = lost_at.get(host) if host in gang_lost else None
+        out[host] = {"record": record, "rules_open": rules, "lost": bool(why), "lost_why": why,
+                     "lost_at": seen[1] if seen else None, "lost_seen_by": seen[0] if seen else None}
     return out
 
 

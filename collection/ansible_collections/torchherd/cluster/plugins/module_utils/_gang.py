@@ -88,6 +88,7 @@ class Master:
         self.failed = None
         # The nodes whose link closed without an exit: names (or addresses, before a name).
         self.lost = []
+        self.lost_at = {}  # when each was lost (this node's clock)
         self.lock = threading.Lock()
         self.readers = []
         self.accepter = threading.Thread(target=self._accept, daemon=True)
@@ -130,6 +131,7 @@ class Master:
         if said is None:
             with self.lock:
                 self.lost.append(name or peer)
+                self.lost_at[name or peer] = time.time()
             if not self.elastic:
                 self.fail(f"{name or 'the node'} at {peer} was lost (its link closed without "
                           f"an exit)")

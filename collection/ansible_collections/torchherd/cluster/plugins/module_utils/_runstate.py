@@ -10,7 +10,7 @@ Sections, and who writes them (nobody else does):
   ended_at), stop (stopped_at, killed).
 - barrier: the start, where the barrier ran in its call, or the supervisor, where it ran in the
   background (where, go, and what the barrier saw: served, expect, error).
-- gang: the master's supervisor (joined, expected, lost, error).
+- gang: the master's supervisor (joined, expected, lost, lost_at, error).
 - firewall: the start where it opened the rules (opened_by "start", rules), the supervisor or
   the wait that removed them (closed_by, removed, error). The firewall role's own rules run
   under become (another user, another home): the controller reads those from the role's

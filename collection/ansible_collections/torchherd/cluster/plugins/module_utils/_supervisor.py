@@ -210,7 +210,7 @@ def barrier_seen(result):
     return {k: v for k, v in result.items() if k != "gang_port"}
 
 
-def gang_formed(paths, joined, expected, error=None, lost=None):
+def gang_formed(paths, joined, expected, error=None, lost=None, lost_at=None):
     """On the master: how many of the other nodes joined its gang, and, once its job ended
     everywhere, the nodes it lost (the record's gang section). The wait that watches the master
     alone for every node (torchrun_job's gang option) needs all of them joined, and names the
@@ -220,6 +220,8 @@ def gang_formed(paths, joined, expected, error=None, lost=None):
         said["error"] = error
     if lost is not None:
         said["lost"] = lost
+    if lost_at:
+        said["lost_at"] = lost_at  # when the master saw each lost node's link close
     record(paths, "gang", **said)
 
 
@@ -324,7 +326,8 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
         # The others hear of this end once it is on disk here; the master stays for theirs.
         if isinstance(gang, Master):
             gang.own_exit(code, meeting["name"])
-            gang_formed(paths, len(gang.links), gang.expect, lost=list(gang.lost))
+            gang_formed(paths, len(gang.links), gang.expect, lost=list(gang.lost),
+                        lost_at=dict(gang.lost_at))
         elif gang is not None:
             gang.own_exit(code)
         os._exit(0)

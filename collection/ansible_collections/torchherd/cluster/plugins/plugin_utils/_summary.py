@@ -354,6 +354,7 @@ def summarize(run_dir, plan, results, marks, previous=None):
             "error": res.get("error"), "last_line": res.get("last_line") or "",
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
             "first_output_at": res.get("first_output_at"),
+            "lost_at": res.get("lost_at"),
             "checked_at": res.get("checked_at"), "clock_offset": res.get("clock_offset"),
             "log": os.path.join(node_dir, "node.log") if os.path.exists(
                 os.path.join(node_dir, "node.log")) else None,
