@@ -237,7 +237,9 @@ class Progress:
         if not changed:
             return None
         rank = f" (node_rank {row.rank})" if row.rank else ""
-        detail = f": {row.note}" if row.note and state not in ("ok", "checked", "synced") else ""
+        # A row's note is old news in these states, unless the event brings its own.
+        shown = note if state in ("ok", "checked", "synced") else row.note
+        detail = f": {shown}" if shown else ""
         return f"torchherd: {host}{rank}: {row.state}{detail}"
 
     def update(self, event: dict[str, Any], now: float | None = None) -> list[str]:
@@ -294,7 +296,14 @@ class Progress:
         if gate:
             return self._gate(gate, phase)
         done = _DONE.get((module_of(data), phase))
-        return _some(self._set(host, phase, done)) if done and kind == "runner_on_ok" else []
+        if not done or kind != "runner_on_ok":
+            return []
+        venv = res.get("venv") if isinstance(res.get("venv"), dict) else {}
+        note = None
+        if venv and not venv.get("error"):  # the job's locked venv, made here or found
+            note = (f"venv made in {float(venv.get('seconds') or 0):.1f} s" if venv.get("made")
+                    else "venv reused")
+        return _some(self._set(host, phase, done, note))
 
     def _controller(self, kind: str, phase: str, res: dict[str, Any]) -> list[str]:
         plan = (res.get("ansible_facts") or {}).get("torchherd_plan")

@@ -416,3 +416,20 @@ def test_facts_cells_say_where_the_job_runs_in_a_locked_venv():
     reused = dict(node, venv={"path": "/root/.torchherd/venvs/k", "made": False, "seconds": 0.0})
     assert facts_cells("n1", reused)[2] == "3.11.2 venv"
     assert facts_cells("n1", node)[2] == "3.11.2"
+
+
+def test_a_nodes_preflight_says_whether_it_made_the_jobs_venv(events):
+    progress = Progress()
+
+    def facts(host, venv):
+        event = task_event(events, "runner_on_ok", "preflight", "torchherd.cluster.node_facts",
+                           host)
+        event["event_data"]["res"]["venv"] = venv
+        return event
+
+    assert progress.update(facts("n0", {"made": True, "seconds": 8.04})) == [
+        "torchherd: n0: checked: venv made in 8.0 s"]
+    assert progress.update(facts("n1", {"made": False, "seconds": 0.001})) == [
+        "torchherd: n1: checked: venv reused"]
+    fresh = Progress()
+    assert fresh.update(facts("n1", None)) == ["torchherd: n1: checked"]
