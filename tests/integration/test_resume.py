@@ -123,6 +123,8 @@ def test_a_node_killed_mid_run_is_replaced_and_the_job_resumes(cluster4, tmp_pat
     first = min(h["first_output_at"] for h in summary["hosts"].values()
                 if h["first_output_at"] is not None)
     assert incident["first_output_after"] is not None and incident["first_output_after"] > 0
+    # Timed from the moment the master's gang saw the killed node's link close.
+    assert killed_at - 1 < incident["at"] < killed_at + 15, (killed_at, incident)
     print(f"kill to the resumed job's first output: {first - killed_at:.1f} s; "
           f"incident: {incident}")
     no_job_left(cluster, [cluster.nodes[0], cluster.nodes[2], cluster.nodes[3]], "resume")
