@@ -126,7 +126,10 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
         lock_path = os.path.join(path, LOCK_FILE)
         with open(lock_path, "w", encoding="utf-8") as handle:
             handle.write(lock)
-        _run(uv_argv + ["pip", "sync", "--quiet", "--python", venv_python, lock_path]
+        # Compiled now, once: a job's interpreter may not write bytecode (read-only files,
+        # PYTHONDONTWRITEBYTECODE), and compiling torch at every import costs seconds per rank.
+        _run(uv_argv + ["pip", "sync", "--quiet", "--compile-bytecode", "--python", venv_python,
+                        lock_path]
              + _index_args(index_url, list(find_links)), env=env)
         frozen = _run(uv_argv + ["pip", "freeze", "--python", venv_python], env=env)
         record = {"key": key, "uv": version, "made_at": time.time(),

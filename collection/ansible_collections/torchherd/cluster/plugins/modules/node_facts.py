@@ -95,8 +95,8 @@ options:
       - uv is the one named, else on C(PATH), in C(~/.local/bin), C(<root>/tools/uv), or
         C(<base_python> -m uv); without one it is installed with pip into C(<root>/tools/uv)
         from the same index or wheelhouse. uv's cache is C(<root>/cache/uv).
-      - A venv that cannot be made is no failure of the module; RV(venv.error) says why. In
-        check mode, a venv that is not there yet is not made (RV(venv.missing)).
+      - A venv that cannot be made is no failure of the module; C(error) in RV(venv) says why. In
+        check mode, a venv that is not there yet is not made (C(missing) in RV(venv)).
     type: dict
     default: {}
     suboptions:
@@ -162,7 +162,7 @@ venv:
     - The job's locked venv where O(venv) was given, else null - C(path), C(python), C(key),
       C(made) (true where this call made it, false where it was reused), C(seconds) this call
       spent on it, C(uv) (its version), C(packages) (as C(uv pip freeze) lists them), or
-      C(error) where it could not be made.
+      C(error) where it could not be made, C(missing) where check mode did not make it.
   returned: always
   type: dict
   sample: {path: /root/.torchherd/venvs/3f9a1c2e7b4d5a60, made: false, seconds: 0.001, uv: uv 0.13.9}
