@@ -48,5 +48,20 @@ def uv_wheel() -> Path:
     return found[0]
 
 
+def uv_binary() -> Path:
+    """uv itself, taken out of its wheel, for the controller's side of a test (uv lock)."""
+    wheel = uv_wheel()
+    binary = wheel.parent / "bin" / "uv"
+    if not binary.exists():
+        binary.parent.mkdir(exist_ok=True)
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(f"uv-{UV_VERSION}.data/scripts/uv")
+        partial = binary.with_suffix(".partial")
+        partial.write_bytes(data)
+        partial.chmod(0o755)
+        partial.rename(binary)
+    return binary
+
+
 def _digest(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

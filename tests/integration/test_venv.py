@@ -7,7 +7,9 @@ wheelhouse lacks, is refused. Real SSH, real uv, real gloo."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 
 from driver import UsageError, launch, verify
 from tests.cluster import testbed
-from tests.cluster.wheels import pure_wheel, uv_wheel
+from tests.cluster.wheels import pure_wheel, uv_binary, uv_wheel
 
 pytestmark = pytest.mark.cluster
 
@@ -115,6 +117,22 @@ def test_a_locked_venv_is_made_once_reused_and_remade_when_the_lock_changes(
     for node in cluster.nodes:
         cluster.exec(node, ["test", "-x", made[node.name]["python"]])
     print("launch seconds:", {k: round(v, 1) for k, v in timings.items()})
+
+    # uv's own lock, with its project: exported on every node, the project itself left out.
+    project = code / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "trainer"\nversion = "0.1"\nrequires-python = ">=3.9"\n'
+        'dependencies = ["thpin==1.0"]\n')
+    subprocess.run([str(uv_binary()), "lock", "--quiet", "--no-index", "--find-links",
+                    str(wheels), "--project", str(project)], check=True,
+                   env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
+    result = verify({**checked, "venv": {**job["venv"], "lock": "proj/uv.lock"},
+                     "run_id": "uv-lock"}, inventory, runs_dir=tmp_path)
+    assert result.ok, result.reason
+    locked = venvs(tmp_path, "uv-lock")
+    assert all(v["made"] and "thpin==1.0" in v["packages"] for v in locked.values()), locked
+    assert all(locked[h]["path"] not in (made[h]["path"], changed[h]["path"]) for h in names)
 
     # A lock that pins nothing is refused on the controller, before any node is touched.
     (code / "requirements.lock").write_text("thpin>=1.0\n")

@@ -74,3 +74,13 @@ def test_an_index_urls_credentials_never_reach_the_plan(tmp_path):
     assert p["job"]["venv"]["index_url"] == "https://********@mirror.example/simple"
     assert "s3cret" not in repr(p)
     assert redact({"index_url": "http://mirror/simple"}) == {"index_url": "http://mirror/simple"}
+
+
+def test_uvs_own_lock_needs_its_project_and_its_key_hashes_both(tmp_path):
+    (tmp_path / "uv.lock").write_text('version = 1\n[[package]]\nname = "thpin"\n')
+    with pytest.raises(AnsibleFilterError, match=r"expected pyproject\.toml beside uv\.lock"):
+        run(tmp_path, lock="uv.lock")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "t"\ndependencies = ["thpin"]\n')
+    first = run(tmp_path, lock="uv.lock")["nodes"][0]["venv"]["key"]
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "t"\ndependencies = []\n')
+    assert run(tmp_path, lock="uv.lock")["nodes"][0]["venv"]["key"] != first

@@ -351,6 +351,20 @@ def _venv(job, problems):
                         f"code_src (uv pip compile requirements.in -o requirements.lock makes "
                         f"one)")
         return None
+    if os.path.basename(spec["lock"]) == "uv.lock":
+        # uv's own lock pins by construction; it needs its project's pyproject.toml beside it.
+        try:
+            with open(os.path.join(os.path.dirname(path), "pyproject.toml"),
+                      encoding="utf-8") as handle:
+                project = handle.read()
+        except OSError as exc:
+            problems.append(f"job.venv.lock: expected pyproject.toml beside {spec['lock']} (uv's "
+                            f"lock is its project's), found {exc.strerror or exc}; fix: sync "
+                            f"the project's directory, or export a requirements lock (uv "
+                            f"export --format requirements-txt -o requirements.lock)")
+            return None
+        return hashlib.sha256(f"{text}\0{project}\0{bool(spec.get('system_site_packages'))}"
+                              .encode()).hexdigest()
     loose = unpinned(text)
     if loose:
         problems.append(f"job.venv.lock: expected every requirement in {spec['lock']} pinned "

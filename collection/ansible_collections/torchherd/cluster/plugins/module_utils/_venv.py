@@ -89,9 +89,10 @@ def install_uv(python, root, index_url, find_links):
 
 
 def ensure(path, lock, key, python, root, index_url="", find_links=(), system_site_packages=False,
-           uv="", install=True, dry=False):
+           uv="", install=True, dry=False, project=None):
     """The venv at ``path`` for ``lock`` (its text): reused where its marker has ``key``, else
-    made (``dry``: only said, as check mode wants). Returns {path, python, key, made, seconds,
+    made (``dry``: only said, as check mode wants). With ``project`` (a pyproject.toml's text)
+    the lock is uv's own (uv.lock): uv exports it to pinned requirements first. Returns {path, python, key, made, seconds,
     uv, packages}."""
     started = time.time()
     path = os.path.expanduser(path)
@@ -124,8 +125,11 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
         _run(uv_argv + ["venv", "--quiet", "--python", python, path]
              + (["--system-site-packages"] if system_site_packages else []), env=env)
         lock_path = os.path.join(path, LOCK_FILE)
-        with open(lock_path, "w", encoding="utf-8") as handle:
-            handle.write(lock)
+        if project is None:
+            with open(lock_path, "w", encoding="utf-8") as handle:
+                handle.write(lock)
+        else:
+            _export(uv_argv, env, os.path.join(path, ".project"), lock, project, lock_path)
         # Compiled now, once: a job's interpreter may not write bytecode (read-only files,
         # PYTHONDONTWRITEBYTECODE), and compiling torch at every import costs seconds per rank.
         _run(uv_argv + ["pip", "sync", "--quiet", "--compile-bytecode", "--python", venv_python,
@@ -140,6 +144,18 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
         os.replace(tmp, marker)
     return dict(answer, made=True, seconds=round(time.time() - started, 3), uv=version,
                 packages=record["packages"], made_at=record["made_at"])
+
+
+def _export(uv_argv, env, where, lock, project, out):
+    """uv's lock (and its project) as the pinned requirements uv exports: uv's defaults (the
+    dev group too), the project itself left out (its code is the synced code)."""
+    os.makedirs(where, exist_ok=True)
+    for name, text in (("uv.lock", lock), ("pyproject.toml", project)):
+        with open(os.path.join(where, name), "w", encoding="utf-8") as handle:
+            handle.write(text)
+    _run(uv_argv + ["export", "--quiet", "--frozen", "--no-emit-project", "--no-header",
+                    "--format", "requirements-txt", "--project", where, "--output-file", out],
+         env=env)
 
 
 def _read(marker):

@@ -107,7 +107,10 @@ options:
         description: The plan's hash of the lock and of these options; the venv there is reused while it is the same.
         type: str
       lock:
-        description: The lock's text, a requirements file whose every requirement is pinned.
+        description: The lock's text, a requirements file whose every requirement is pinned, or uv's lock (with O(venv.project)).
+        type: str
+      project:
+        description: The text of the C(pyproject.toml) beside uv's lock (C(uv.lock)); uv exports the lock to pinned requirements first.
         type: str
       base_python:
         description: The interpreter the venv is made from; empty means the one running this module.
@@ -578,7 +581,8 @@ def made_venv(spec, root, dry=False):
         return ensure(spec["path"], spec["lock"] or "", spec["key"],
                       spec["base_python"] or sys.executable, root,
                       index_url=spec["index_url"], find_links=spec["find_links"],
-                      system_site_packages=spec["system_site_packages"], uv=spec["uv"], dry=dry)
+                      system_site_packages=spec["system_site_packages"], uv=spec["uv"], dry=dry,
+                      project=spec["project"])
     except (VenvError, OSError, subprocess.TimeoutExpired) as exc:
         return {"path": spec["path"], "key": spec["key"], "made": False, "error": str(exc)}
 
@@ -599,6 +603,7 @@ def main():
                 path=dict(type="path"),
                 key=dict(type="str", no_log=False),
                 lock=dict(type="str"),
+                project=dict(type="str"),
                 base_python=dict(type="path", default=""),
                 index_url=dict(type="str", default="", no_log=True),
                 find_links=dict(type="list", elements="str", default=[]),
