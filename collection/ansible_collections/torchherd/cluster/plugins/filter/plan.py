@@ -342,37 +342,33 @@ def _venv(job, problems):
         return None
     src = os.path.realpath(os.path.expanduser(job.get("code_src") or "."))
     path = os.path.join(src, spec["lock"])
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        problems.append(f"job.venv.lock: expected a lock file inside code_src {src}, found "
-                        f"{exc.strerror or exc} at {path}; fix: give its path relative to "
-                        f"code_src (uv pip compile requirements.in -o requirements.lock makes "
-                        f"one)")
-        return None
-    if os.path.basename(spec["lock"]) == "uv.lock":
-        # uv's own lock pins by construction; it needs its project's pyproject.toml beside it.
+    uv_lock = os.path.basename(path) == "uv.lock"
+    # uv's own lock pins by construction; it is its project's, whose pyproject.toml is beside it.
+    wanted = [(path, f"a lock file inside code_src {src}",
+               "give its path relative to code_src (uv pip compile requirements.in -o "
+               "requirements.lock makes one)")]
+    if uv_lock:
+        wanted.append((os.path.join(os.path.dirname(path), "pyproject.toml"),
+                       f"pyproject.toml beside {spec['lock']} (uv's lock is its project's)",
+                       "sync the project's directory, or export a requirements lock (uv export "
+                       "--format requirements-txt -o requirements.lock)"))
+    texts = []
+    for where, expected, fix in wanted:
         try:
-            with open(os.path.join(os.path.dirname(path), "pyproject.toml"),
-                      encoding="utf-8") as handle:
-                project = handle.read()
+            with open(where, encoding="utf-8") as handle:
+                texts.append(handle.read())
         except OSError as exc:
-            problems.append(f"job.venv.lock: expected pyproject.toml beside {spec['lock']} (uv's "
-                            f"lock is its project's), found {exc.strerror or exc}; fix: sync "
-                            f"the project's directory, or export a requirements lock (uv "
-                            f"export --format requirements-txt -o requirements.lock)")
+            problems.append(f"job.venv.lock: expected {expected}, found "
+                            f"{exc.strerror or exc} at {where}; fix: {fix}")
             return None
-        return hashlib.sha256(f"{text}\0{project}\0{bool(spec.get('system_site_packages'))}"
-                              .encode()).hexdigest()
-    loose = unpinned(text)
+    loose = [] if uv_lock else unpinned(texts[0])
     if loose:
         problems.append(f"job.venv.lock: expected every requirement in {spec['lock']} pinned "
                         f"with == (a lock), found {', '.join(loose[:5])}; fix: make the lock "
                         f"with uv pip compile (or uv export --format requirements-txt)")
         return None
-    return hashlib.sha256(f"{text}\0{bool(spec.get('system_site_packages'))}".encode()
-                          ).hexdigest()
+    texts.append(str(bool(spec.get("system_site_packages"))))
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()
 
 
 def unpinned(text):
