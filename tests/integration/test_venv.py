@@ -34,6 +34,16 @@ print(f"venv-job rank={dist.get_rank()} value={VALUE} python={sys.executable} "
       f"sum={t.item():g}", flush=True)
 dist.destroy_process_group()
 """
+WAIT_FOR = """import sys, time, urllib.request
+for _ in range(120):
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=2).read()
+        break
+    except OSError:
+        time.sleep(0.5)
+else:
+    sys.exit("the wheelhouse never answered")
+"""
 LINE = re.compile(r"venv-job rank=(\d+) value=(\S+) python=(\S+) sum=(\S+)")
 PORT = 8765
 
@@ -69,6 +79,8 @@ def test_a_locked_venv_is_made_once_reused_and_remade_when_the_lock_changes(
     testbed.podman("exec", "--detach", served.name, "python3", "-m", "http.server", str(PORT),
                    "--directory", "/srv")
     url = f"http://{served.data_ip or served.ip}:{PORT}/"
+    # Up and reachable from another node before any launch counts on it.
+    cluster.exec(cluster.nodes[1], ["python3", "-c", WAIT_FOR, url], timeout=90)
 
     code = tmp_path / "code"
     code.mkdir()
