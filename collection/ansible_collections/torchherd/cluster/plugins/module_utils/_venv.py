@@ -1,7 +1,7 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """The job's locked venv on one node: made with uv from a lock (a requirements file whose every
-requirement is pinned), or reused where the same lock made it before.
+requirement is pinned, or uv's own uv.lock), or reused where the same lock made it before.
 
 A venv lives at ``<root>/venvs/<key>``, the key the plan's hash of the lock and of the options
 that shape the venv, so an unchanged lock finds its venv (one stat), a changed one makes a new
@@ -92,8 +92,8 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
            uv="", install=True, dry=False, project=None):
     """The venv at ``path`` for ``lock`` (its text): reused where its marker has ``key``, else
     made (``dry``: only said, as check mode wants). With ``project`` (a pyproject.toml's text)
-    the lock is uv's own (uv.lock): uv exports it to pinned requirements first. Returns {path, python, key, made, seconds,
-    uv, packages}."""
+    the lock is uv's own (uv.lock): uv exports it to pinned requirements first.
+    Returns {path, python, key, made, seconds, uv, packages}."""
     started = time.time()
     path = os.path.expanduser(path)
     venv_python = os.path.join(path, "bin", "python")
