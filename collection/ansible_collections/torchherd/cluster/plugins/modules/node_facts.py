@@ -104,7 +104,7 @@ options:
         description: The venv's directory.
         type: path
       key:
-        description: The plan's hash of the lock and of these options; the venv there is reused while it is the same.
+        description: The plan's hash of the lock, of O(venv.system_site_packages) and of the base interpreter; the venv there is reused while it is the same.
         type: str
       lock:
         description: The lock's text, a requirements file whose every requirement is pinned, or uv's lock (with O(venv.project)).
