@@ -104,13 +104,19 @@ options:
         description: The venv's directory.
         type: path
       key:
-        description: The plan's hash of the lock, of O(venv.system_site_packages) and of the base interpreter; the venv there is reused while it is the same.
+        description:
+          - The plan's hash of the lock, of O(venv.system_site_packages) and of the base
+            interpreter; the venv there is reused while it is the same.
         type: str
       lock:
-        description: The lock's text, a requirements file whose every requirement is pinned, or uv's lock (with O(venv.project)).
+        description:
+          - The lock's text, a requirements file whose every requirement is pinned, or uv's
+            lock (with O(venv.project)).
         type: str
       project:
-        description: The text of the C(pyproject.toml) beside uv's lock (C(uv.lock)); uv exports the lock to pinned requirements first.
+        description:
+          - The text of the C(pyproject.toml) beside uv's lock (C(uv.lock)); uv exports the lock
+            to pinned requirements first.
         type: str
       base_python:
         description: The interpreter the venv is made from; empty means the one running this module.
@@ -121,7 +127,9 @@ options:
         type: str
         default: ""
       find_links:
-        description: Wheelhouses (directories on the node or URLs); without O(venv.index_url), no index is used.
+        description:
+          - Wheelhouses (directories on the node or URLs); without O(venv.index_url), no index is
+            used.
         type: list
         elements: str
         default: []
