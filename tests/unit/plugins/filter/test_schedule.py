@@ -76,7 +76,8 @@ def test_truth_table(forks, barrier, kind, live):
     }
     assert got == expected(forks, barrier, JOBS[kind], live)
     # Every decision says why.
-    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart"}
+    assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart",
+                             "venv"}
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -159,3 +160,10 @@ def test_the_schedule_says_whether_a_restart_is_left(job, restart, playbook, lef
     s = schedule(p, forks=4, playbook=playbook)
     assert s["restart"] == {"this": restart, "left": left, "on": on, "excluded": {}}
     assert s["why"]["restart"]
+
+
+def test_the_schedule_says_where_the_jobs_venv_is_made(tmp_path):
+    assert schedule(planned(), 4)["venv"] == "none"
+    (tmp_path / "req.lock").write_text("numpy==2.4.6\n")
+    s = schedule(planned(code_src=str(tmp_path), venv={"lock": "req.lock"}), 4)
+    assert s["venv"] == "facts" and "req.lock" in s["why"]["venv"]

@@ -147,6 +147,10 @@ _value:
         excluded:
           description: The nodes this launch left out, and why (the plan's C(excluded)).
           type: dict
+    venv:
+      description: Where the job's locked venv is made or found - C(facts) (each node, in
+        preflight's facts call, before its Python is read), or C(none) without a lock.
+      type: str
     teardown:
       description: Which nodes the teardown visits, C(nodes_with_rules) (those whose rules are
         still in place after the watch) or C(none) (a detached launch keeps its rules until stop
@@ -276,6 +280,12 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
                           f"({', '.join(restart['on']) or 'none left'}) launches the run again "
                           "without the failed node" if left else
                           f"restart {this} of {allowed}: the restarts are spent")
+    # The job's locked venv: where it is made (or found), and what a relaunch pays for it.
+    venv = "facts" if plan.get("venv") else "none"
+    why["venv"] = (f"the job's lock {(job.get('venv') or {}).get('lock')}: each node makes its "
+                   "venv, or finds the one the same lock made, in preflight's facts call, before "
+                   "its Python is read; an unchanged lock costs a file check"
+                   if plan.get("venv") else "no lock: the job runs each node's own Python")
     teardown = "none" if detach else "nodes_with_rules"
     why["teardown"] = ("detached: the rules stay until stop or collect of the run id"
                        if detach else "the nodes whose rules are still in place after the watch")
@@ -292,6 +302,7 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
         "watch": watch,
         "teardown": teardown,
         "restart": restart,
+        "venv": venv,
         "why": why,
     }
 
