@@ -355,7 +355,9 @@ def disk(host, f, plan):
         return []
     return [_problem(host, "disk", f">= {_fmt_bytes(MIN_FREE_BYTES)} free at {f.get('root')}",
                      _fmt_bytes(f["disk_free_bytes"]),
-                     "free space or point torchherd_root elsewhere")]
+                     "free space (the venvs of old locks under " + str(f.get("root"))
+                     + "/venvs are not removed by torchherd: remove those no job uses) or "
+                     "point torchherd_root elsewhere")]
 
 
 def run_id_free(host, f, plan):
