@@ -57,3 +57,20 @@ def test_a_wheelhouse_alone_means_no_index():
     assert _venv._index_args("https://m/simple", ["/w"]) == [
         "--index-url", "https://m/simple", "--find-links", "/w"]
     assert _venv._index_args("", []) == []
+
+
+def test_a_venv_made_from_a_venvs_python_sees_that_venvs_packages(tmp_path):
+    """This test runs in a venv (pytest is installed there, not beneath it): a venv made from
+    its Python with --system-site-packages sees pytest only through the .pth file."""
+    import subprocess
+    import sys
+
+    made = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(made)], check=True)
+    python = str(made / "bin" / "python")
+    _venv._see_base_venv(sys.executable, python)
+    found = subprocess.run([python, "-c", "import pytest; print(pytest.__file__)"],
+                           capture_output=True, text=True, check=False)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.startswith(sys.prefix)

@@ -124,6 +124,8 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
         shutil.rmtree(path, ignore_errors=True)
         _run(uv_argv + ["venv", "--quiet", "--python", python, path]
              + (["--system-site-packages"] if system_site_packages else []), env=env)
+        if system_site_packages:
+            _see_base_venv(python, venv_python)
         lock_path = os.path.join(path, LOCK_FILE)
         if project is None:
             with open(lock_path, "w", encoding="utf-8") as handle:
@@ -144,6 +146,25 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
         os.replace(tmp, marker)
     return dict(answer, made=True, seconds=round(time.time() - started, 3), uv=version,
                 packages=record["packages"], made_at=record["made_at"])
+
+
+# Where a Python's own packages are, and whether it is a venv itself.
+_SITE = ("import json, site, sys; print(json.dumps([sys.prefix != sys.base_prefix, "
+         "site.getsitepackages()]))")
+BASE_PTH = "_torchherd_base_venv.pth"
+
+
+def _see_base_venv(python, venv_python):
+    """A venv made from a venv's Python sees, with --system-site-packages, the packages of the
+    interpreter beneath (uv makes it from there), not those of the venv the node's torch is in.
+    Those come after the venv's own through a .pth file, as the job means by the node's own
+    packages."""
+    is_venv, base_sites = json.loads(_run([python, "-c", _SITE]))
+    if not is_venv:
+        return
+    _, own_sites = json.loads(_run([venv_python, "-c", _SITE]))
+    with open(os.path.join(own_sites[0], BASE_PTH), "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{site}\n" for site in base_sites))
 
 
 def _export(uv_argv, env, where, lock, project, out):
