@@ -54,6 +54,8 @@ PHASES: dict[str, str | dict[str, str]] = {
 # What a node's successful result of a phase's module means for its row.
 _DONE = {("torchherd.cluster.node_facts", "preflight"): "checked",
          ("torchherd.cluster.rsync", "sync"): "synced"}
+# States a node passes through on the way to its job; their notes do not outlive them.
+_PASSING = ("ok", "checked", "synced")
 _STATE_STYLE = {"succeeded": "green", "running": "cyan", "failed": "red", "lost": "red",
                 "unreachable": "red", "timed_out": "red", "preflight failed": "red",
                 "left out": "yellow",
@@ -230,6 +232,8 @@ class Progress:
         row = self._row(host)
         row.phase = phase or row.phase
         changed = state is not None and state != row.state
+        if changed and note is None and row.state in _PASSING:
+            row.note = ""  # what a passing state said (a venv made) is not the next one's
         if state is not None:
             row.state = state
         if note is not None:
@@ -238,7 +242,7 @@ class Progress:
             return None
         rank = f" (node_rank {row.rank})" if row.rank else ""
         # A row's note is old news in these states, unless the event brings its own.
-        shown = note if state in ("ok", "checked", "synced") else row.note
+        shown = note if state in _PASSING else row.note
         detail = f": {shown}" if shown else ""
         return f"torchherd: {host}{rank}: {row.state}{detail}"
 

@@ -433,3 +433,9 @@ def test_a_nodes_preflight_says_whether_it_made_the_jobs_venv(events):
         "torchherd: n1: checked: venv reused"]
     fresh = Progress()
     assert fresh.update(facts("n1", None)) == ["torchherd: n1: checked"]
+    # The note is the preflight line's: the job's own state does not carry it on.
+    started = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
+                         "n0", "start.yml")
+    started["event_data"]["res"]["last_line"] = ""
+    assert all("venv" not in line for line in progress.update(started))
+    assert progress.rows["n0"].note == ""
