@@ -162,7 +162,7 @@ def _see_base_venv(python, venv_python):
     is_venv, base_sites = json.loads(_run([python, "-c", _SITE]))
     if not is_venv:
         return
-    _, own_sites = json.loads(_run([venv_python, "-c", _SITE]))
+    own_sites = json.loads(_run([venv_python, "-c", _SITE]))[1]
     with open(os.path.join(own_sites[0], BASE_PTH), "w", encoding="utf-8") as handle:
         handle.write("".join(f"{site}\n" for site in base_sites))
 
