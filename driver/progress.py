@@ -142,6 +142,15 @@ def gpus_text(gpus: list[dict[str, Any]]) -> str:
     return ", ".join(f"{n} x {name}" for name, n in counts.items()) or "cpu"
 
 
+def rdma_text(facts: dict[str, Any]) -> str:
+    """The InfiniBand/RoCE ports and, per GPU, the nearest of them ("mlx5_0:1 ACTIVE; gpu0
+    mlx5_0 PIX")."""
+    near = [f"gpu{i} {'/'.join(gpu['nics'])} {gpu.get('link')}"
+            for i, gpu in enumerate(facts.get("gpus") or []) if gpu.get("nics")]
+    return "; ".join(part for part in (", ".join(facts.get("rdma") or []), ", ".join(near))
+                     if part)
+
+
 _CHECK_STYLE = {"passed": "green", "failed": "red", "unreachable": "red"}
 
 
@@ -168,7 +177,7 @@ def facts_cells(host: str, facts: dict[str, Any]) -> list[str]:
     cells = [host, role, python, facts.get("torch"), facts.get("cuda"),
              facts.get("nccl"), gpus_text(facts.get("gpus") or []) if facts.get("torch") else None,
              launchers, where, gib(facts.get("disk_free_bytes")), gib(facts.get("shm_bytes")),
-             ", ".join(facts.get("rdma") or [])]
+             rdma_text(facts)]
     shown = [escape(str(c)) if c not in (None, "") else "-" for c in cells]
     return shown + [f"[{style}]{escape(check)}[/]" if style else escape(check)]
 

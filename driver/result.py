@@ -79,7 +79,8 @@ class NodeFacts(TypedDict, total=False):
     torch: str | None
     cuda: str | None
     nccl: str | None
-    gpus: list[dict[str, Any]]  # name, memory_bytes of each GPU torch sees
+    # name, memory_bytes of each GPU torch sees, nics nearest to it and link (PIX ... SYS)
+    gpus: list[dict[str, Any]]
     nproc_per_node: int | None
     launchers: dict[str, str | None]  # launchers torch does not bring: version, or None
     interface: dict[str, Any] | None  # name, address, how: the job's traffic's interface
@@ -282,8 +283,7 @@ def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[s
                      if found.get("venv") else None),
             "torch": torch.get("version"), "cuda": torch.get("cuda"),
             "nccl": torch.get("nccl"),
-            "gpus": [{"name": g.get("name"), "memory_bytes": g.get("memory_bytes")}
-                     for g in torch.get("gpus") or []],
+            "gpus": [_gpu(g, found.get("gpu_nics") or {}) for g in torch.get("gpus") or []],
             "nproc_per_node": nproc if isinstance(nproc, int) else None,
             "launchers": dict(torch.get("launchers") or {}),
             "interface": (gate.get("interfaces") or {}).get(host) or _interface(found),
@@ -295,6 +295,21 @@ def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[s
             "warned_checks": warned.get(host, []),
             "error": python.get("error") or torch.get("error")}
     return nodes
+
+
+# How near a NIC is to a GPU on the PCI tree, nearest first (node_facts' gpu_nics).
+LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+def _gpu(gpu: dict[str, Any], gpu_nics: dict[str, Any]) -> dict[str, Any]:
+    """One GPU of verify's facts: name, memory, and the InfiniBand/RoCE devices nearest to it
+    on the PCI tree with how near (nvidia-smi topo's words), where the node has any."""
+    links = gpu_nics.get(str(gpu.get("uuid") or "").removeprefix("GPU-")) or {}
+    known = {nic: how for nic, how in links.items() if how in LINKS}
+    link = min(known.values(), key=LINKS.index) if known else None
+    nics = sorted(nic for nic, how in known.items() if how == link)
+    return {"name": gpu.get("name"), "memory_bytes": gpu.get("memory_bytes"),
+            "nics": nics, "link": link}
 
 
 def _interface(found: dict[str, Any]) -> dict[str, Any] | None:

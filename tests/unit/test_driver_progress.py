@@ -387,7 +387,8 @@ def test_a_running_job_shows_time_and_the_last_line_a_rank_printed(events):
 def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():
     gpu = {"node_rank": 0, "role": "master", "check": "passed", "failed_checks": [],
            "python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9",
-           "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8,
+           "gpus": [{"name": "NVIDIA H100 80GB HBM3", "nics": ["mlx5_0"], "link": "PIX"},
+                    {"name": "NVIDIA H100 80GB HBM3", "nics": [], "link": None}] * 4,
            "launchers": {"accelerate": "1.15.0", "deepspeed": None},
            "interface": {"name": "ib0", "address": "10.0.0.1", "how": "explicit"},
            "disk_free_bytes": 68660191232, "shm_bytes": 64 << 20,
@@ -396,7 +397,8 @@ def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():
     assert facts_cells("gpu0", gpu) == [
         "gpu0", "0 master", "3.12.3", "2.11.0+cu130", "13.0", "2.28.9",
         "8 x NVIDIA H100 80GB HBM3", "accelerate 1.15.0", "ib0 10.0.0.1", "63.9 GiB",
-        "0.1 GiB", "mlx5_0:1 ACTIVE, mlx5_1:1 DOWN",
+        "0.1 GiB", "mlx5_0:1 ACTIVE, mlx5_1:1 DOWN; gpu0 mlx5_0 PIX, gpu2 mlx5_0 PIX, "
+        "gpu4 mlx5_0 PIX, gpu6 mlx5_0 PIX",
         "[green]passed; warned: persistence mode, shm[/]"]
     lost = {"node_rank": None, "role": "worker", "check": "unreachable",
             "failed_checks": ["ssh"], "gpus": [], "launchers": {}, "interface": None,

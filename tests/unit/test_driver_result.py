@@ -111,6 +111,19 @@ def verify_dir(tmp_path, *problems, facts=("gpu0", "gpu1")):
     return run
 
 
+def test_verify_names_the_nics_nearest_to_each_gpu(tmp_path):
+    run = verify_dir(tmp_path)
+    preflight = json.loads((run / "preflight.json").read_text())
+    uuid = H100["torch"]["gpus"][0]["uuid"]
+    preflight["facts"]["gpu0"] = dict(H100, gpu_nics={
+        uuid.removeprefix("GPU-"): {"mlx5_0": "PXB", "mlx5_1": "PXB", "mlx5_4": "SYS"}})
+    (run / "preflight.json").write_text(json.dumps(preflight))
+    hosts = read_result(run, "verify", 0, "").hosts
+    assert (hosts["gpu0"]["gpus"][0]["nics"], hosts["gpu0"]["gpus"][0]["link"]) == (
+        ["mlx5_0", "mlx5_1"], "PXB")
+    assert hosts["gpu1"]["gpus"][0]["nics"] == []
+
+
 def test_verify_shows_every_node_as_preflight_found_it(tmp_path):
     run = verify_dir(tmp_path, ("gpu1, gpu0", "torch"), ("gpu2", "ssh"))
     result = read_result(run, "verify", 2, "")
@@ -120,7 +133,8 @@ def test_verify_shows_every_node_as_preflight_found_it(tmp_path):
         0, "master", "failed", ["torch"])
     assert (gpu0["python"], gpu0["torch"], gpu0["cuda"], gpu0["nccl"]) == (
         "3.12.3", "2.11.0+cu130", "13.0", "2.28.9")
-    assert gpu0["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85017493504}]
+    assert gpu0["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85017493504,
+                             "nics": [], "link": None}]
     assert gpu0["interface"] == {"name": "ib0", "address": "10.0.0.1", "how": "local"}
     assert (gpu0["nproc_per_node"], gpu0["disk_free_bytes"]) == (1, 68660191232)
     # No interface in the gate: the node's own choice; the launchers it lacks, none.

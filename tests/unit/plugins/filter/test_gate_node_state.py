@@ -232,3 +232,29 @@ def test_the_job_spec_offers_exactly_the_refusals_that_may_warn():
 
     job_keys = job_spec()["torchherd_job"]["options"]
     assert sorted(job_keys["preflight_warn"]["choices"]) == sorted(DOWNGRADABLE)
+
+
+def test_the_start_names_the_active_nics_nearest_to_the_jobs_gpus(tmp_path):
+    from sysfs_tree import make_sys
+
+    from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import gpu_nics
+
+    smi = "smi_query_gpu_4xh100_bus.csv"
+    gpus, _driver = parse_smi((STATE / smi).read_text())
+
+    def hca(nproc, states=None, name="t"):
+        ib_dir, pci_dir = make_sys(tmp_path / name, states=states)
+        extra = {"infiniband": infiniband(ib_dir), "gpu_nics": gpu_nics(gpus, ib_dir, pci_dir)}
+        nodes = {"a": node("a", smi, **extra), "b": node("b", smi, **extra)}
+        nodes["b"]["torch"]["gpus"] = [dict(g, uuid="b-" + g["uuid"])
+                                       for g in nodes["b"]["torch"]["gpus"]]
+        verdict = gate(*make(nodes, backend="nccl", nproc_per_node=nproc))
+        return verdict["node_env"]["a"]["NCCL_IB_HCA"], verdict["node_env"]["b"]["NCCL_IB_HCA"]
+
+    # All four GPUs: the NIC beside each, not the storage NIC nor the one two switches down.
+    # Node b's GPUs are not placed (other UUIDs): every active port, as without the tree.
+    assert hca(4) == ("=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1",
+                      "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1")
+    assert hca(1, name="one")[0] == "=mlx5_0:1"
+    # GPU 0's own NIC down: the nearest that is up.
+    assert hca(1, {"mlx5_0": "1: DOWN"}, name="down")[0] == "=mlx5_4:1"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import nearest
 from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect import judge
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 
@@ -114,8 +115,9 @@ _value:
       description:
         - "Per host, what the start adds to the job's environment from the node's facts (the
           job's own env wins): for nccl jobs across nodes with InfiniBand/RoCE ports,
-          C(NCCL_IB_HCA) naming exactly the ACTIVE ones (C(=mlx5_0:1,mlx5_1:1)) unless the job
-          sets it or C(NCCL_IB_DISABLE)."
+          C(NCCL_IB_HCA) naming exactly the ACTIVE ones (C(=mlx5_0:1,mlx5_1:1)), of those only
+          the ones nearest to the job's GPUs on the PCI tree where the facts place both, unless
+          the job sets it or C(NCCL_IB_DISABLE)."
       type: dict
     left_out:
       description: The plan's C(excluded) and C(left_out) (C(torchherd.cluster.choose_nodes)),
@@ -244,7 +246,7 @@ def gate(hosts, hostvars, plan, match=None):
     node_env = {}
     if backend == "nccl":
         for host, f in usable.items():
-            hca = ib_hca(f, plan)
+            hca = ib_hca(f, plan, (f["torch"].get("gpus") or [])[:nprocs[host]])
             if hca:
                 node_env[host] = {"NCCL_IB_HCA": hca}
     return {
@@ -778,17 +780,26 @@ def rdma_ports(host, f, needed, plan):
         "NCCL_IB_DISABLE=1 in the job's env to run NCCL over TCP" + fix)]
 
 
-def ib_hca(f, plan):
+def ib_hca(f, plan, needed=()):
     """The NCCL_IB_HCA the start sets on a node of an nccl job that spans nodes, where the job
-    leaves NCCL's InfiniBand/RoCE on and names no HCAs itself: exactly the ports that are ACTIVE
-    ("=mlx5_0:1,mlx5_1:1"), so that NCCL never picks one that is down. None where there is
-    nothing to choose (no device, none active) or the job chose."""
+    leaves NCCL's InfiniBand/RoCE on and names no HCAs itself: the ports that are ACTIVE
+    ("=mlx5_0:1,mlx5_1:1"), so that NCCL never picks one that is down; and where the facts place
+    the job's GPUs (`needed`) and the devices on the PCI tree (gpu_nics), only the active devices
+    nearest to one of those GPUs, so that a NIC no GPU of the job is near (storage, the other
+    socket's) carries none of its traffic. None where there is nothing to choose (no device,
+    none active) or the job chose."""
     if not _ib_used(plan, f) or _env(plan).get("NCCL_IB_HCA"):
         return None
-    active = [f"{device}:{port}" for device, found in sorted(f["infiniband"].items())
+    active = [(device, port) for device, found in sorted(f["infiniband"].items())
               for port, info in sorted((found or {}).items(), key=lambda p: (len(p[0]), p[0]))
               if (info or {}).get("state") == "ACTIVE"]
-    return "=" + ",".join(active) if active else None
+    near = set()
+    devices = {device for device, _port in active}
+    for gpu in needed:
+        links = (f.get("gpu_nics") or {}).get(str(gpu.get("uuid") or "").removeprefix("GPU-"))
+        near.update(nearest({d: how for d, how in (links or {}).items() if d in devices})[0])
+    chosen = [f"{d}:{p}" for d, p in active if d in near or not near]
+    return "=" + ",".join(chosen) if chosen else None
 
 
 # The checks of the GPUs a node's processes use and NCCL's needs, for nccl jobs: refusals.

@@ -7,7 +7,7 @@ the driver's files under /proc. Asking torch instead initializes CUDA in the job
 Each GPU: index (as CUDA numbers the visible ones; in PCI order where a node's GPUs are of
 other models, which CUDA orders by speed), uuid (without nvidia-smi's C(GPU-) prefix, as torch
 gives it), name, memory_bytes, persistence_mode and compute_mode (None from /proc, which does not
-say them), bus (the PCI address, None from nvidia-smi), and what preflight judges the GPU's health
+say them), bus (the PCI address as the source gives it), and what preflight judges the GPU's health
 by (see HEALTH): compute_cap, mig_mode, ecc_uncorrected, retired_pending, remapped_pending (None
 where the source or the GPU does not say).
 """
@@ -30,8 +30,16 @@ HEALTH = (("compute_cap", "compute_cap"), ("mig_mode", "mig.mode.current"),
           ("retired_pending", "retired_pages.pending"),
           ("remapped_pending", "remapped_rows.pending"))
 _FORMAT = "--format=csv,noheader,nounits"
-SMI_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS + tuple(field for _key, field in HEALTH)), _FORMAT]
-SMI_BASE_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS), _FORMAT]
+# Last in both queries: where the GPU sits on the PCI tree (which NICs are near it).
+BUS = ("pci.bus_id",)
+SMI_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS + tuple(field for _key, field in HEALTH) + BUS),
+            _FORMAT]
+SMI_BASE_ARGS = ["--query-gpu=" + ",".join(SMI_FIELDS + BUS), _FORMAT]
+# The fields of an answer by its length: both queries, with or without the bus (as recorded
+# from a version of this module that did not ask for it).
+_ANSWERS = {len(fields): fields for fields in (
+    SMI_FIELDS, SMI_FIELDS + BUS, SMI_FIELDS + tuple(field for _key, field in HEALTH),
+    SMI_FIELDS + tuple(field for _key, field in HEALTH) + BUS)}
 # Processes holding a GPU (another user's, a stale job's); process_name last, as it may hold
 # commas that nvidia-smi does not quote.
 APPS_ARGS = ["--query-compute-apps=gpu_uuid,pid,used_memory,process_name", _FORMAT]
@@ -55,13 +63,12 @@ def parse_smi(text):
     """(GPUs, driver version) from nvidia-smi's CSV answer to SMI_ARGS; ValueError where a line
     is not one."""
     gpus, driver = [], None
-    fields = SMI_FIELDS + tuple(field for _key, field in HEALTH)
     for row in csv.reader(text.splitlines(), skipinitialspace=True):
         if not row:
             continue
-        if len(row) not in (len(SMI_FIELDS), len(fields)) or not row[0].strip().isdigit():
+        if len(row) not in _ANSWERS or not row[0].strip().isdigit():
             raise ValueError(f"not a GPU of nvidia-smi's query: {','.join(row)!r}")
-        values = dict(zip(fields, (field.strip() for field in row)))
+        values = dict(zip(_ANSWERS[len(row)], (field.strip() for field in row)))
         memory = _known(values["memory.total"])
         persistence = _known(values["persistence_mode"])
         health = {key: _known(values.get(field, "")) for key, field in HEALTH}
@@ -73,7 +80,7 @@ def parse_smi(text):
                      "name": values["name"],
                      "memory_bytes": int(memory) * 1024 * 1024 if memory
                      and memory.isdigit() else None,
-                     "bus": None,
+                     "bus": _known(values.get("pci.bus_id", "")),
                      "persistence_mode": None if persistence is None
                      else persistence == "Enabled",
                      "compute_mode": _known(values["compute_mode"]), **health})

@@ -315,6 +315,15 @@ infiniband:
   returned: always
   type: dict
   sample: {mlx5_0: {"1": {state: ACTIVE, link_layer: InfiniBand}}}
+gpu_nics:
+  description:
+    - How far each GPU (by UUID, without C(GPU-)) is from each InfiniBand/RoCE device on the
+      PCI tree, in the words of C(nvidia-smi topo -m) - C(PIX) (one PCIe switch), C(PXB)
+      (several), C(PHB) (the same host bridge), C(NODE) (the same NUMA node), C(SYS) (across
+      NUMA nodes) - read from C(/sys); empty without GPUs or devices.
+  returned: always
+  type: dict
+  sample: {5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d: {mlx5_0: PIX, mlx5_1: SYS}}
 """
 
 import hashlib
@@ -654,7 +663,7 @@ def main():
         running_jobs=all_runs_with_processes(),
         gpu_processes=(driver or {}).get("processes"),
         xid=read_xids() if driver else None,
-        **host_facts()
+        **host_facts((driver or {}).get("gpus"))
     )
 
 
