@@ -401,6 +401,7 @@ def newest_stacks(run_dir: Path) -> dict[str, Any] | None:
     return {"summary": report.get("summary"), "groups": report.get("groups") or [],
             "odd": report.get("odd") or [], "errors": report.get("errors") or {},
             "flight_recorder": report.get("flight_recorder") or {},
+            "nccl_ras": report.get("nccl_ras") or {},
             "ranks": [{k: v for k, v in r.items() if k != "threads"}
                       for r in report.get("ranks") or []],
             "json": str(reports[-1]), "text": str(reports[-1].with_suffix(".txt"))}

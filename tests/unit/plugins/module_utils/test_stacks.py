@@ -1,12 +1,16 @@
 """Stacks: the job's processes told apart by their environment (real processes), py-spy's
-absence named, and the report over recorded py-spy answers naming the odd rank out."""
+absence named, the report over recorded py-spy answers naming the odd rank out, and NCCL's RAS
+asked over its protocol (a local server answering with reports recorded from NCCL 2.28.9)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +103,96 @@ def test_all_ranks_in_one_place_have_no_odd_one_and_errors_are_kept():
                          "b": {"processes": [], "error": "py-spy not found"}}, PLAN)
     assert out["report"]["odd"] == [] and out["report"]["errors"] == {"b": "py-spy not found"}
     assert out["summary"].startswith("all 2 ranks in all_reduce")
+
+
+RAS = Path(__file__).resolve().parent / "fixtures" / "nccl_ras"
+
+
+class FakeRas:
+    """A TCP server on a free local port that answers as NCCL's RAS client socket does (the
+    protocol of ncclras: CLIENT PROTOCOL -> SERVER PROTOCOL, TIMEOUT -> OK, STATUS -> the report
+    until the connection closes), or with `hello` in place of its greeting."""
+
+    def __init__(self, report, hello="SERVER PROTOCOL 2\n"):
+        self.report, self.hello, self.heard = report, hello, []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        conn, _addr = self.sock.accept()
+        with conn, conn.makefile("r") as lines:
+            for line in lines:
+                self.heard.append(line.strip())
+                if line.startswith("CLIENT PROTOCOL"):
+                    conn.sendall(self.hello.encode())
+                elif line.startswith("TIMEOUT"):
+                    conn.sendall(b"OK\n")
+                elif line.strip() == "STATUS":
+                    conn.sendall(self.report.encode())
+                    break
+        self.sock.close()
+
+
+def test_nccls_ras_is_asked_as_its_client_asks_and_its_findings_read():
+    report = (RAS / "status_mismatch.txt").read_text()
+    server = FakeRas(report)
+    found = _stacks.ask_nccl_ras(server.address, timeout=5)
+    server.thread.join(5)
+    assert server.heard == ["CLIENT PROTOCOL 2", "TIMEOUT 5", "STATUS"]
+    assert found == {"address": server.address, "text": report, "error": None}
+    assert _stacks.ras_findings(found["text"]) == {"Warnings": [
+        "#0-0 (878ccc0ae6a15df3) MISMATCH",
+        "  Communicator ranks have different AllReduce operation counts",
+        "  Rank 0 has launched up to operation 4 -- GPU 0 managed by process 718 on node "
+        "192.0.2.2",
+        "  Rank 1 has launched up to operation 3 -- GPU 0 managed by process 719 on node "
+        "192.0.2.2"]}
+    assert _stacks.ras_findings((RAS / "status_ok.txt").read_text()) == {}
+
+
+def test_no_ras_or_something_else_on_its_port_is_said_not_raised():
+    server = FakeRas("", hello="HTTP/1.0 400 Bad Request\n")
+    found = _stacks.ask_nccl_ras(server.address)
+    assert found["text"] is None and "not NCCL's RAS" in found["error"]
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    found = _stacks.ask_nccl_ras(f"127.0.0.1:{port}")
+    assert found["text"] is None and found["error"]
+
+
+def test_where_ras_answers_follows_the_ranks_environment():
+    nccl = {"RANK": "0", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/r/flight_recorder/pipe_"}
+    assert _stacks.ras_address(nccl) == "localhost:28028"
+    assert _stacks.ras_address(dict(nccl, NCCL_RAS_ADDR="127.0.0.1:29000")) == "127.0.0.1:29000"
+    assert _stacks.ras_address(dict(nccl, NCCL_RAS_ENABLE="0")) is None
+    assert _stacks.ras_address({"RANK": "0"}) is None  # gloo: no NCCL
+    assert _stacks.ras_address({"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/p"}) is None  # launcher
+
+
+def test_the_report_carries_what_ras_found_wrong():
+    findings = _stacks.ras_findings((RAS / "status_mismatch.txt").read_text())
+    a = dict(node((0, WAITING)), nccl_ras={"address": "localhost:28028", "error": None,
+                                            "text": "report of a", "findings": findings})
+    b = dict(node((1, STUCK)), nccl_ras={"address": "localhost:28028", "text": None,
+                                          "error": "[Errno 111] Connection refused",
+                                          "findings": {}})
+    out = stacks_report({"a": a, "b": b}, PLAN, reason="hang")
+    assert out["summary"].startswith("ranks in ")
+    assert " | NCCL RAS (a): #0-0 (878ccc0ae6a15df3) MISMATCH; Communicator ranks have " \
+        "different AllReduce operation counts; Rank 0 has launched up to operation 4" \
+        in out["summary"]
+    assert out["summary"].endswith("Rank 1 has launched up to operation 3 -- GPU 0 managed by "
+                                   "process 719 on node 192.0.2.2")
+    assert out["report"]["nccl_ras"]["b"]["error"] == "[Errno 111] Connection refused"
+    assert "text" not in out["report"]["nccl_ras"]["a"]
+    ras_file = next(name for name in out["files"] if name.endswith(".nccl-ras.txt"))
+    assert out["files"][ras_file] == \
+        "== NCCL RAS status from a (localhost:28028)\nreport of a\n"
+    text = next(v for k, v in out["files"].items() if k.endswith(".txt") and k != ras_file)
+    assert "  b: NCCL RAS at localhost:28028: no answer ([Errno 111] Connection refused)" in text
+    assert "    Warnings:\n      #0-0 (878ccc0ae6a15df3) MISMATCH" in text
+    # Nothing wrong: the summary is the stacks' alone.
+    quiet = dict(a, nccl_ras=dict(a["nccl_ras"], findings={}))
+    assert " | " not in stacks_report({"a": quiet}, PLAN)["summary"]

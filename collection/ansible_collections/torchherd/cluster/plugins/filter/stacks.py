@@ -50,12 +50,16 @@ _value:
   description:
     - C(report) (C(reason), C(at), C(ranks) with host, rank, pid, where and the job's own frame,
       C(groups) of ranks by where they are, C(odd) the ranks outside the largest group,
-      C(errors) by host, C(flight_recorder) dumps by host, C(summary)), C(summary) (one line)
-      and C(files), C(<time>.json) (the report with every rank's threads) and C(<time>.txt) (the
-      same for people), named by the UTC time of the report.
+      C(errors) by host, C(flight_recorder) dumps by host, C(nccl_ras) by host (NCCL's RAS
+      answer without its text: C(address), C(findings), C(error)), C(summary)), C(summary) (one
+      line, with what NCCL's RAS found wrong) and C(files), C(<time>.json) (the report with every
+      rank's threads) and C(<time>.txt) (the same for people), named by the UTC time of the
+      report, and C(<time>.nccl-ras.txt) (RAS's status reports) where RAS answered.
   type: dict
 """
 
+# The most of NCCL's RAS findings the summary line carries (the whole report is in its file).
+RAS_LINE = 600
 # Frames of these are the libraries' (torch's, Python's), not the job's own code.
 _LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
                     f"{os.sep}lib{os.sep}python")
@@ -81,7 +85,7 @@ def _own_frame(frames):
 
 
 def stacks_report(results, plan, reason="on demand"):
-    ranks, errors, recorder = [], {}, {}
+    ranks, errors, recorder, ras = [], {}, {}, {}
     node_rank = {n["host"]: n["node_rank"] for n in plan.get("nodes") or []}
     for host in sorted(results, key=lambda h: node_rank.get(h, 0)):
         res = results[host] if isinstance(results[host], dict) else {}
@@ -89,6 +93,8 @@ def stacks_report(results, plan, reason="on demand"):
             errors[host] = str(res.get("error") or res.get("msg") or "unreachable")[:500]
         if res.get("flight_recorder"):
             recorder[host] = res["flight_recorder"]
+        if res.get("nccl_ras"):
+            ras[host] = res["nccl_ras"]
         for proc in res.get("processes") or []:
             if proc.get("role") != "rank":
                 continue
@@ -111,18 +117,43 @@ def stacks_report(results, plan, reason="on demand"):
     report = {"reason": reason, "at": time.time(), "ranks": ranks,
               "groups": [{"where": where, "ranks": members} for where, members in ordered],
               "odd": [{k: r[k] for k in ("rank", "host", "pid", "where", "own")} for r in odd],
-              "errors": errors, "flight_recorder": recorder}
+              "errors": errors, "flight_recorder": recorder,
+              "nccl_ras": {host: {k: v for k, v in found.items() if k != "text"}
+                           for host, found in ras.items()}}
     summary = _summary(report)
     report["summary"] = summary
     text = _text(report, summary)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(report["at"]))
     # The report without every thread of every rank (those are in the files).
     short = dict(report, ranks=[{k: v for k, v in r.items() if k != "threads"} for r in ranks])
-    return {"report": short, "summary": summary,
-            "files": {f"{stamp}.json": json.dumps(report, indent=1), f"{stamp}.txt": text}}
+    files = {f"{stamp}.json": json.dumps(report, indent=1), f"{stamp}.txt": text}
+    if any(found.get("text") for found in ras.values()):
+        files[f"{stamp}.nccl-ras.txt"] = "".join(
+            f"== NCCL RAS status from {host} ({found.get('address')})\n{found['text']}\n"
+            for host, found in ras.items() if found.get("text"))
+    return {"report": short, "summary": summary, "files": files}
+
+
+def _ras_line(report):
+    """What NCCL's RAS found wrong, in a line: the first node's answer with findings (RAS's
+    view is the whole job's, so every node's answer tells the same)."""
+    for host, found in report["nccl_ras"].items():
+        lines = [line.strip() for section in ("Errors", "Warnings")
+                 for line in (found.get("findings") or {}).get(section) or []]
+        if lines:
+            said = "; ".join(lines)
+            return f"NCCL RAS ({host}): " + (said if len(said) <= RAS_LINE else
+                                             said[:RAS_LINE - 3] + "...")
+    return None
 
 
 def _summary(report):
+    summary = _where_summary(report)
+    ras = _ras_line(report)
+    return f"{summary} | {ras}" if ras else summary
+
+
+def _where_summary(report):
     ranks = report["ranks"]
     if not ranks:
         return "no rank of the job found" + (
@@ -159,6 +190,15 @@ def _text(report, summary):
         lines.append(f"  {host}: {error}")
     for host, dumps in report["flight_recorder"].items():
         lines.append(f"  {host}: Flight Recorder dumps {', '.join(sorted(dumps.values()))}")
+    for host, found in report["nccl_ras"].items():
+        if found.get("error"):
+            lines.append(f"  {host}: NCCL RAS at {found.get('address')}: no answer "
+                         f"({found['error']})")
+            continue
+        lines.append(f"  {host}: NCCL RAS at {found.get('address')} answered"
+                     + ("" if found.get("findings") else ", nothing wrong"))
+        for section, found_lines in (found.get("findings") or {}).items():
+            lines += [f"    {section}:"] + [f"      {line}" for line in found_lines]
     for entry in report["ranks"]:
         lines += ["", f"-- rank {entry['rank']} (local {entry['local_rank']}) on {entry['host']},"
                       f" pid {entry['pid']}" + (f": {entry['error']}" if entry["error"] else "")]

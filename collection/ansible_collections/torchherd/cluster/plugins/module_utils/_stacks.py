@@ -3,7 +3,9 @@
 """Where every rank of a job is, read from outside: the Python stack of each of the job's
 processes on this node (py-spy, which reads another process's memory without stopping it), and
 on NCCL the Flight Recorder's record of the collectives, which each rank dumps when asked
-through its pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE; the start sets it up for NCCL jobs)."""
+through its pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE; the start sets it up for NCCL jobs), and
+NCCL's own view of the job's communicators from its RAS service (NCCL 2.24 and later), which
+answers on a local TCP port even while the ranks' own threads are stuck."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import time
@@ -53,6 +56,17 @@ def flight_recorder_env(directory, torch_version=None, given=()):
         renamed = release is not None and release >= FR_BUFFER_RENAMED
         env[BUFFER_NAMES[0 if renamed else 1]] = FLIGHT_RECORDER_BUFFER
     return env
+
+
+# NCCL's RAS: where its client socket listens unless NCCL_RAS_ADDR says otherwise, the protocol
+# version of the client (NCCL answers with its own and goes on where they differ), and how long
+# its collective across the job's processes may wait for each leg (NCCL's default is 5 s).
+RAS_ADDRESS = "localhost:28028"
+RAS_PROTOCOL = 2
+RAS_TIMEOUT = 5
+# The sections of RAS's status text that tell what is wrong ("Errors", "Warnings"), each title
+# above a line of "=" (as long as the title, or not: "Communicators... (0.000s)").
+RAS_SECTIONS = ("Errors", "Warnings")
 
 
 class StacksError(Exception):
@@ -127,6 +141,7 @@ def processes(run_dir):
                       "local_rank": int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit()
                       else None, "role": role, "cmdline": _cmdline(pid)[:8],
                       "pipe": env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"),
+                      "ras": ras_address(env),
                       "dump": env.get("TORCH_FR_DUMP_TEMP_FILE")
                       or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")})
     return found
@@ -193,16 +208,89 @@ def ask_flight_recorder(procs, wait):
             sorted(rank for rank, path in asked.items() if not os.path.exists(path)))
 
 
+def ras_address(env):
+    """Where NCCL's RAS of a process with this environment answers: None for a process that is
+    no NCCL rank (the start sets up the Flight Recorder's pipe in every NCCL rank) or one whose
+    RAS is off (NCCL_RAS_ENABLE=0)."""
+    if not env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") or env.get("RANK") is None \
+            or env.get("NCCL_RAS_ENABLE", "1").strip() == "0":
+        return None
+    return env.get("NCCL_RAS_ADDR") or RAS_ADDRESS
+
+
+def _split_address(address):
+    host, _colon, port = address.rpartition(":")
+    return host.strip("[]") or "localhost", int(port)
+
+
+def ask_nccl_ras(address, timeout=RAS_TIMEOUT):
+    """NCCL's RAS status of the job, as its client (ncclras) asks for it: {address, text,
+    error}. The text is NCCL's own report of the job's communicators (which ranks have not
+    joined, which are behind in their collectives, which are dead); error says why there is
+    none (nothing listens there: an older NCCL, RAS off, no communicator made yet)."""
+    found = {"address": address, "text": None, "error": None}
+    try:
+        host, port = _split_address(address)
+        with socket.create_connection((host, port), timeout=2) as sock:
+            # The legs of RAS's collective may take `timeout` each; the whole answer its double.
+            sock.settimeout(2 * timeout + 5)
+            reader = sock.makefile("r", encoding="utf-8", errors="replace", newline="\n")
+            sock.sendall(f"CLIENT PROTOCOL {RAS_PROTOCOL}\n".encode())
+            hello = reader.readline()
+            if not hello.upper().startswith("SERVER PROTOCOL"):
+                raise OSError(f"not NCCL's RAS: {hello.strip()[:80]!r}")
+            sock.sendall(f"TIMEOUT {int(timeout)}\n".encode())
+            answer = reader.readline()
+            if answer.strip().upper() != "OK":
+                raise OSError(f"RAS refused the timeout: {answer.strip()[:80]!r}")
+            sock.sendall(b"STATUS\n")
+            found["text"] = reader.read()
+    except (OSError, ValueError) as exc:
+        found["error"] = str(exc) or type(exc).__name__
+    return found
+
+
+def ras_findings(text):
+    """{section: [its lines]} of RAS's status text for the sections that say what is wrong
+    (RAS_SECTIONS), without the empty ones."""
+    found, section, lines = {}, None, (text or "").splitlines()
+    for i, line in enumerate(lines):
+        title = line.strip()
+        underline = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if title and set(title) != {"="} and len(underline) >= 3 and set(underline) == {"="}:
+            section = title if title in RAS_SECTIONS else None
+            continue
+        if section and title and set(title) != {"="}:
+            found.setdefault(section, []).append(line.rstrip())
+    return found
+
+
+def nccl_ras(procs):
+    """ask_nccl_ras with its findings (ras_findings) for the job's processes `procs`, where one
+    of them is an NCCL rank with RAS on; None otherwise."""
+    address = next((proc["ras"] for proc in procs if proc.get("ras")), None)
+    if not address:
+        return None
+    found = ask_nccl_ras(address)
+    found["findings"] = ras_findings(found["text"])
+    return found
+
+
 def collect(run_dir, python, flight_recorder_wait=10.0):
     """Every process of the job here with its stack; raises StacksError without py-spy."""
     procs = processes(run_dir)
     if not procs:
-        return {"processes": [], "flight_recorder": {}, "flight_recorder_missing": []}
+        return {"processes": [], "flight_recorder": {}, "flight_recorder_missing": [],
+                "nccl_ras": None}
     py_spy = find_py_spy(python)
     # Python processes only: a launcher may be a shell (srun, a wrapper) that py-spy cannot read.
-    with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
+    with ThreadPoolExecutor(max_workers=min(16, len(procs)) + 1) as pool:
+        # NCCL's RAS answers meanwhile (its collective may wait for every leg's timeout).
+        ras = pool.submit(nccl_ras, procs)
         dumps = list(pool.map(lambda proc: dump(py_spy, proc["pid"]), procs))
-    for proc, (threads, error) in zip(procs, dumps):
-        proc.update(threads=threads, error=error)
-    dumps, missing = ask_flight_recorder(procs, flight_recorder_wait)
-    return {"processes": procs, "flight_recorder": dumps, "flight_recorder_missing": missing}
+        for proc, (threads, error) in zip(procs, dumps):
+            proc.update(threads=threads, error=error)
+        dumps, missing = ask_flight_recorder(procs, flight_recorder_wait)
+        ras = ras.result()
+    return {"processes": procs, "flight_recorder": dumps, "flight_recorder_missing": missing,
+            "nccl_ras": ras}

@@ -20,6 +20,11 @@ description:
   - Where a rank runs NCCL with a Flight Recorder pipe (C(TORCH_NCCL_DEBUG_INFO_PIPE_FILE), which
     the collection's start sets up for NCCL jobs), the rank is asked for its dump through the
     pipe; the dumps land in the run directory's C(flight_recorder/) (collect brings them back).
+  - Where a rank runs NCCL with its RAS service on (NCCL 2.24 and later, on unless
+    C(NCCL_RAS_ENABLE=0)), NCCL's status of the job is asked for as C(ncclras) asks for it, on
+    the address from the rank's environment (C(NCCL_RAS_ADDR), else C(localhost:28028)): which
+    ranks of which communicator have not joined, are behind in their collectives or are dead.
+    RAS answers from a thread of its own, also while the rank's other threads are stuck.
   - With O(mark_hung), writes the run's C(hung) file first, which ends every node's hang watch.
 extends_documentation_fragment:
   - torchherd.cluster._attributes
@@ -68,7 +73,8 @@ processes:
   description:
     - The job's processes here, each with C(pid), C(rank) and C(local_rank) (null for the
       launcher), C(role) (C(rank), C(child) for a process a rank started, such as a data loader
-      worker, C(launcher)), C(cmdline), C(threads) and C(error).
+      worker, C(launcher)), C(cmdline), C(pipe) (its Flight Recorder pipe's prefix), C(dump),
+      C(ras) (where its NCCL's RAS answers, null for none), C(threads) and C(error).
     - A thread has C(thread_id), C(name), C(main) (the process's main thread), C(active) and
       C(frames), innermost first, each with C(name) (the function), C(file) and C(line).
   returned: always
@@ -95,6 +101,18 @@ flight_recorder_missing:
   type: list
   elements: int
   sample: []
+nccl_ras:
+  description:
+    - NCCL's own view of the job's communicators from its RAS service (NCCL 2.24 and later),
+      asked on the port the node's NCCL ranks use (C(NCCL_RAS_ADDR), by default
+      C(localhost:28028)) - C(address), C(text) (its status report), C(findings) (the lines of
+      its C(Errors) and C(Warnings) sections: ranks missing, behind in their collectives, dead)
+      and C(error) (why there is no answer: an older NCCL, RAS off, no communicator yet).
+    - Null where no process here is an NCCL rank with RAS on.
+  returned: always
+  type: dict
+  sample: {address: "localhost:28028", error: null, text: "...",
+           findings: {Warnings: ["#0-1 (ab12cd...) MISMATCH", "  Communicator ranks have ..."]}}
 error:
   description: Why no stack could be read here (no py-spy); null otherwise.
   returned: always
@@ -119,6 +137,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import (
     StacksError,
     collect,
+    nccl_ras,
     processes,
 )
 
@@ -138,7 +157,8 @@ def main():
     paths = run_paths(p["root"], p["run_id"])
     if module.check_mode:
         module.exit_json(changed=False, processes=processes(paths["dir"]), flight_recorder={},
-                         flight_recorder_missing=[], error=None, checked_at=time.time())
+                         flight_recorder_missing=[], nccl_ras=None, error=None,
+                         checked_at=time.time())
     changed = False
     if p["mark_hung"] and os.path.isdir(paths["dir"]):
         write_atomic(paths["hung"], f"{time.time()}\n")
@@ -146,8 +166,10 @@ def main():
     try:
         found = collect(paths["dir"], p["python"], p["flight_recorder_wait"])
     except StacksError as exc:
-        module.exit_json(changed=changed, processes=processes(paths["dir"]), flight_recorder={},
-                         flight_recorder_missing=[], error=str(exc), checked_at=time.time())
+        procs = processes(paths["dir"])
+        module.exit_json(changed=changed, processes=procs, flight_recorder={},
+                         flight_recorder_missing=[], nccl_ras=nccl_ras(procs), error=str(exc),
+                         checked_at=time.time())
     module.exit_json(changed=changed, error=None, checked_at=time.time(), **found)
 
 
