@@ -42,6 +42,9 @@ CONTAINERFILE = HERE / "Containerfile"
 
 BASE_IMAGE = "localhost/torchherd-node-base:latest"
 IMAGE_REPO = "localhost/torchherd-node"
+# The image jobs run in on container_runtime nodes, and where those nodes see its store.
+JOB_IMAGE_REPO = "localhost/torchherd-job"
+JOB_IMAGES_MOUNT = "/var/lib/torchherd-images"
 DEBIAN_SUITE = "bookworm"
 # The node's /usr/bin/python3 (bookworm: 3.11) decides which wheels fit, not the host's python.
 NODE_PYTHON_VERSION = "3.11"
@@ -629,6 +632,7 @@ def up(
     timeout: float = 60.0,
     data_network: bool = False,
     no_ipv6: Sequence[int] = (),
+    container_runtime: bool = False,
 ) -> Cluster:
     """Start (or recreate) cluster `name`: n nodes <name>-node<i> at 10.66.(100+idx).(10+i),
     plus extra containers <name>-<extra> at .200, .201, ... outside the node group.
@@ -637,7 +641,11 @@ def up(
     data_network: the nodes (not the extras) also get 10.67.(100+idx).(10+i) on a second,
     internal network, the inventory's torchherd_address; interface names differ from node to
     node (MGMT_IFNAMES, DATA_IFNAMES), and the management network carries SSH only (see
-    _configure_data_node). no_ipv6: indexes of nodes started with IPv6 disabled."""
+    _configure_data_node). no_ipv6: indexes of nodes started with IPv6 disabled.
+
+    container_runtime: the nodes run podman (jobs in an image): they start privileged, each with
+    its own container storage on a host directory and the job images (job_images) in a shared
+    read-only store."""
     if not _NAME_RE.match(name):
         raise ValueError(f"cluster name must match {_NAME_RE.pattern}, got {name!r}")
     if not 1 <= n <= FIRST_EXTRA_HOST - FIRST_NODE_HOST:
@@ -651,6 +659,7 @@ def up(
         subnet_prefix(subnet_index)  # validate before the build
     image = build()
     key = ensure_key()
+    store = job_images()[0] if container_runtime else None
     start = time.monotonic()
 
     with _locked("networks"):
@@ -675,7 +684,10 @@ def up(
     for role, members in (("node", nodes), ("extra", extras)):
         for index, node in enumerate(members):
             without_ipv6 = role == "node" and index in no_ipv6
-            _start_container(name, node, role, index, image, key, cluster_dir, no_ipv6=without_ipv6)
+            _start_container(
+                name, node, role, index, image, key, cluster_dir, no_ipv6=without_ipv6,
+                store=store if role == "node" else None,
+            )
     data_nodes = [node for node in nodes if node.data_ip is not None]
     if data_nodes:  # about 0.25 s each, mostly podman exec's start: side by side
         with ThreadPoolExecutor(len(data_nodes)) as pool:
@@ -739,6 +751,7 @@ def _start_container(
     cluster_dir: Path,
     *,
     no_ipv6: bool = False,
+    store: Path | None = None,
 ) -> None:
     # Without its own machine-id every node shares the host's and systemd boots "degraded";
     # derived from the name so that a recreated node keeps its identity.
@@ -749,10 +762,11 @@ def _start_container(
         "--name", node.name,
         "--hostname", node.name,
         *_network_args(cluster, node),
-        "--cap-add", "NET_ADMIN,NET_RAW",
+        *(_runtime_args(node, cluster_dir, store) if store else
+          ["--cap-add", "NET_ADMIN,NET_RAW"]),
         *(["--sysctl", "net.ipv6.conf.all.disable_ipv6=1",
            "--sysctl", "net.ipv6.conf.default.disable_ipv6=1"] if no_ipv6 else []),
-        "--systemd", "always",
+        *(["--systemd", "false"] if store else ["--systemd", "always"]),
         "--volume", f"{machine_id}:/etc/machine-id:ro",
         "--volume", f"{key.with_suffix('.pub')}:/etc/ssh/torchherd_authorized_keys:ro",
         *host_key_volumes(node, cluster_dir),
@@ -761,8 +775,55 @@ def _start_container(
         "--label", f"{LABEL_INDEX}={index}",
         *_node_labels(node),
         image,
-        "/lib/systemd/systemd",
+        *(RUNTIME_NODE_COMMAND if store else ["/lib/systemd/systemd"]),
     )  # fmt: skip
+
+
+# A node that runs podman runs sshd alone, without systemd: under systemd, podman gives the node
+# a read-only cgroup tree of its own in which the node's podman cannot make its containers'
+# cgroups (runc: "error mounting cgroup ... no such file or directory" on cgroups v1 hybrid).
+RUNTIME_NODE_COMMAND = ["/bin/sh", "-c", "mkdir -p -m 0755 /run/sshd && exec /usr/sbin/sshd -D -e"]
+
+
+def _runtime_args(node: Node, cluster_dir: Path, store: Path) -> list[str]:
+    """A node that runs podman itself: privileged (its containers need mounts, namespaces and
+    cgroups of their own), its container storage on a host directory (overlay cannot sit on the
+    node's own overlay root) and the job images in the shared read-only store (the node
+    image's /etc/containers/storage.conf names it)."""
+    storage = cluster_dir / f"{node.name}-containers"
+    storage.mkdir(parents=True, exist_ok=True)
+    return ["--privileged",
+            "--volume", f"{storage}:/var/lib/containers",
+            "--volume", f"{store}:{JOB_IMAGES_MOUNT}:ro"]
+
+
+def job_images() -> tuple[Path, str]:
+    """The read-only image store the nodes of a container_runtime cluster share, and the job
+    image in it: the node image itself (Python, torch and the launchers as on the nodes), named
+    JOB_IMAGE_REPO:<the node image's tag>. Made once per node image (about a minute: podman
+    save, then load into the store), kept in the state dir."""
+    tag = image_tag().rsplit(":", 1)[1]
+    ref = f"{JOB_IMAGE_REPO}:{tag}"
+    root = state_dir() / "job-images"
+    store, done = root / "storage", root / f".complete-{tag}"
+    with _locked("job-images"):
+        if done.is_file():
+            return store, ref
+        shutil.rmtree(root, ignore_errors=True)  # an older node image's store
+        root.mkdir(parents=True)
+        archive = root / "image.tar"
+        start = time.monotonic()
+        podman("tag", image_tag(), ref)
+        try:
+            podman("save", "--format", "oci-archive", "--output", str(archive), ref)
+        finally:
+            podman("untag", image_tag(), ref, check=False)
+        run(["podman", "--root", str(store), "--runroot", str(root / "run"),
+             "--storage-driver", "overlay", "load", "--input", str(archive)])
+        archive.unlink()
+        done.write_text(ref + "\n")
+        _log(f"job image {ref} in {store}: {time.monotonic() - start:.1f} s")
+    return store, ref
 
 
 # Run inside a data-network node with its data address as $1; the management firewall's

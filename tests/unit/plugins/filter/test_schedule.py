@@ -77,7 +77,7 @@ def test_truth_table(forks, barrier, kind, live):
     assert got == expected(forks, barrier, JOBS[kind], live)
     # Every decision says why.
     assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart",
-                             "venv"}
+                             "venv", "container"}
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -160,6 +160,13 @@ def test_the_schedule_says_whether_a_restart_is_left(job, restart, playbook, lef
     s = schedule(p, forks=4, playbook=playbook)
     assert s["restart"] == {"this": restart, "left": left, "on": on, "excluded": {}}
     assert s["why"]["restart"]
+
+
+def test_the_schedule_says_where_the_job_runs():
+    assert schedule(planned(), 4)["container"] == "none"
+    s = schedule(planned(container={"image": "localhost/train:1", "pull": "never"}), 4)
+    assert s["container"] == "image"
+    assert "localhost/train:1" in s["why"]["container"] and "pull never" in s["why"]["container"]
 
 
 def test_the_schedule_says_where_the_jobs_venv_is_made(tmp_path):

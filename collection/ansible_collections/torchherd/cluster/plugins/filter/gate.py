@@ -306,11 +306,36 @@ def venv(host, f, plan):
                      "comes from PATH, ~/.local/bin or a pip install (or set venv.uv)")]
 
 
+def container(host, f, plan):
+    """The job's image is on the node (or was pulled) and its runtime answers the SSH user."""
+    found = f.get("container") or {}
+    if not found.get("error"):
+        return []
+    spec = plan.get("container") or {}
+    image = spec.get("image") or found.get("image")
+    error = found["error"]
+    if not found.get("path"):
+        fix = ("install podman or docker on the node (or name the one there: "
+               "container.runtime), or leave the node out of the inventory")
+    elif "pull policy is never" in error:
+        fix = (f"load the image on the node ({found.get('runtime')} pull {image}, or "
+               f"{found.get('runtime')} load), or set container.pull to missing")
+    elif "pull" in error:
+        fix = ("check the image's name and that the node reaches its registry (and is logged "
+               f"in: {found.get('runtime')} login as the SSH user), or load it there by hand")
+    else:
+        fix = ("let the SSH user run the runtime without a prompt (docker: the docker group; "
+               "podman: rootless, or root), then try again")
+    return [_problem(host, "container",
+                     f"image {image} runnable with {found.get('runtime') or spec.get('runtime')}",
+                     error, fix)]
+
+
 def interpreter(host, f, plan):
     """The job's interpreter runs and imports torch."""
     py, torch = f["python"], f["torch"]
-    if (f.get("venv") or {}).get("error"):
-        return []  # the venv's problem says why its interpreter is not there
+    if (f.get("venv") or {}).get("error") or (f.get("container") or {}).get("error"):
+        return []  # the venv's (the image's) problem says why its interpreter is not there
     if "took more than" in (torch.get("error") or ""):
         # The probe ran out of time: the interpreter is there, it says nothing of its version.
         return [_problem(host, "torch", f"torch importable by {py.get('path')} "
@@ -374,7 +399,7 @@ def run_id_free(host, f, plan):
 
 
 # The checks of one node's own facts, in the order their problems are listed.
-NODE_CHECKS = (venv, interpreter, rsync, py_spy, disk, run_id_free)
+NODE_CHECKS = (venv, container, interpreter, rsync, py_spy, disk, run_id_free)
 
 
 def launcher_installed(usable, launcher):

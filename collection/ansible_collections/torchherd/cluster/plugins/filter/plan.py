@@ -121,6 +121,8 @@ _value:
             - The node's C(torchherd_python), else the job's C(python), else the node's
               C(ansible_python_interpreter), else empty.
             - With the job's C(venv), the interpreter of the node's venv (C(<root>/venvs/<key>/bin/python)).
+            - With the job's C(container), the image's, C(container.python) (C(python3)) unless
+              the node or the job names another.
           type: str
           sample: /opt/venv/bin/python
         venv:
@@ -200,6 +202,11 @@ _value:
       type: dict
     master:
       description: C(host), C(addr) and C(port) of the rendezvous master.
+      type: dict
+    container:
+      description: The job's C(container) - C(image), C(runtime), C(pull), C(python) (the
+        interpreter in the image, every node's C(python) unless the node or the job names
+        another) - null without an image.
       type: dict
     venv:
       description: The hash of the job's C(venv.lock) and C(venv.system_site_packages), null
@@ -330,6 +337,29 @@ def _script(script, code_src, problems):
                         f"directory that holds it")
         return script
     return inside
+
+
+def _container(job, problems):
+    """The job's image, runtime, pull policy and interpreter (None without an image)."""
+    spec = job.get("container") or {}
+    if not spec.get("image"):
+        unused = sorted(k for k, v in spec.items() if v not in (None, "", [], "auto", "missing",
+                                                                "python3"))
+        if unused:
+            problems.append(f"job.container: expected an image with {', '.join(unused)}, found "
+                            "none; fix: set container.image, or leave container out")
+        return None
+    if (job.get("venv") or {}).get("lock"):
+        problems.append("job.container and job.venv: expected one of them (a venv is made on "
+                        "the node, an image brings its own interpreter), found both; fix: "
+                        "install the lock into the image, or leave container out")
+    if job.get("spawn") == "srun":
+        problems.append("job.container with spawn srun: expected spawn ssh or auto, found "
+                        "srun; fix: run the image with SLURM's own container support "
+                        "(srun --container-image), or set spawn to ssh")
+    return {"image": str(spec["image"]), "runtime": str(spec.get("runtime") or "auto"),
+            "pull": str(spec.get("pull") or "missing"),
+            "python": str(spec.get("python") or "python3")}
 
 
 def _venv(job, problems):
@@ -630,6 +660,7 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
                         "role's README.md)")
 
     venv = _venv(merged, problems)
+    container = _container(merged, problems)
 
     if problems:
         raise AnsibleFilterError("torchherd plan: the job cannot start:\n  - "
@@ -642,8 +673,10 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     uniform = list(dict.fromkeys(nprocs[h] for h in nodes))
 
     def entry(h, rank):
+        # In the job's image the interpreter is the image's (the node's own is not there).
         python = str(hvs[h].get("torchherd_python") or merged["python"]
-                     or hvs[h].get("ansible_python_interpreter") or "")
+                     or (container["python"] if container else
+                         hvs[h].get("ansible_python_interpreter")) or "")
         own = {}
         if venv:
             # The node's venv: its key also hashes the interpreter it is made from.
@@ -665,6 +698,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
         "job": redact(merged),
         # The hash of the job's lock (None without one); each node's venv is in its entry.
         "venv": venv,
+        # The job's image (None without one): every node runs the launcher inside it.
+        "container": container,
         "nodes": [entry(h, i) for i, h in enumerate(nodes)],
         # Candidates preflight checks beside the nodes; C(choose_nodes) puts the first healthy
         # ones in the place of nodes that failed it. Empty where the job takes every node.

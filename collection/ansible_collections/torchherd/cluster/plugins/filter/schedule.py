@@ -151,6 +151,10 @@ _value:
       description: Where the job's locked venv is made or found - C(facts) (each node, in
         preflight's facts call, before its Python is read), or C(none) without a lock.
       type: str
+    container:
+      description: Where the job runs - C(image) (each node finds or pulls the job's image in
+        preflight's facts call; the launcher runs inside it), or C(none) without an image.
+      type: str
     teardown:
       description: Which nodes the teardown visits, C(nodes_with_rules) (those whose rules are
         still in place after the watch) or C(none) (a detached launch keeps its rules until stop
@@ -286,6 +290,14 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
                    "venv, or finds the one the same lock made, in preflight's facts call, before "
                    "its Python is read; an unchanged lock costs a file check"
                    if plan.get("venv") else "no lock: the job runs each node's own Python")
+    # The job's image: where it is found (or pulled) and what runs in it.
+    image = plan.get("container") or {}
+    container = "image" if image else "none"
+    why["container"] = (
+        f"the job's image {image.get('image')}: each node finds its {image.get('runtime')} "
+        f"runtime and the image (pull {image.get('pull')}) in preflight's facts call, which "
+        "reads torch inside it (cached while the image's id is the same); the start runs the "
+        "launcher in it" if image else "no image: the launcher runs on each node itself")
     teardown = "none" if detach else "nodes_with_rules"
     why["teardown"] = ("detached: the rules stay until stop or collect of the run id"
                        if detach else "the nodes whose rules are still in place after the watch")
@@ -303,6 +315,7 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
         "teardown": teardown,
         "restart": restart,
         "venv": venv,
+        "container": container,
         "why": why,
     }
 

@@ -51,7 +51,7 @@ _value:
     - C(report) (C(reason), C(at), C(ranks) with host, rank, pid, where and the job's own frame,
       C(groups) of ranks by where they are, C(odd) the ranks outside the largest group,
       C(errors) by host, C(flight_recorder) dumps by host, C(nccl_ras) by host (NCCL's RAS
-      answer without its text: C(address), C(findings), C(error)), C(summary)), C(summary) (one
+      answer without its text - C(address), C(findings), C(error)), C(summary)), C(summary) (one
       line, with what NCCL's RAS found wrong) and C(files), C(<time>.json) (the report with every
       rank's threads) and C(<time>.txt) (the same for people), named by the UTC time of the
       report, and C(<time>.nccl-ras.txt) (RAS's status reports) where RAS answered.

@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._container import remove
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
     load_json,
@@ -30,6 +31,11 @@ def stop(paths, pid, grace):
             os.kill(left, signal.SIGKILL)
         except ProcessLookupError:  # ended between the listing and the kill
             pass
+    container = load_json(paths["meta"], {}).get("container")
+    if container:
+        # Its processes are gone (they carry the marker); a container whose runtime did not
+        # see its end (its monitor killed with it) goes now.
+        remove(container, container["name"])
     # The supervisor writes the exit code once torchrun is reaped.
     deadline = time.monotonic() + 5
     while read_text(paths["exit_code"]) is None and time.monotonic() < deadline:

@@ -16,6 +16,12 @@ import sys
 import threading
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
+    SHIM,
+    container_name,
+    remove,
+    run_argv,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
     ProcessRunner,
     close_rules,
@@ -91,10 +97,34 @@ def check_start(p, paths):
 
 def launcher_argv(p, paths):
     """The command line of this node's launcher: the wrapper (srun), the launcher with what the
-    plan decided for this node, the user's launcher options, the script and its arguments."""
+    plan decided for this node, the user's launcher options, the script and its arguments; in
+    the job's image, all that inside the runtime's run (container_argv)."""
     python = p["python"] or sys.executable
     argv = LAUNCHERS[p["launcher"]].argv(p, paths, python)
-    return list(p["wrapper"]) + argv + list(p["launcher_args"]) + [p["script"]] + list(p["args"])
+    argv = list(p["wrapper"]) + argv + list(p["launcher_args"]) + [p["script"]] + list(p["args"])
+    return container_argv(p, paths, argv, python) if p.get("container") else argv
+
+
+# Variables of the node's own environment the job's container gets too (the node's choice of
+# GPUs and NCCL's and gloo's settings there); the rest of the node's environment (its PATH, its
+# Python's) is the node's, not the image's.
+NODE_ENV_PREFIXES = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                     "NVIDIA_VISIBLE_DEVICES")
+
+
+def container_argv(p, paths, argv, python):
+    """`argv` run in the job's image: the synced code (the working directory) and the run
+    directory at their own paths, the job's environment by name (the values go to the runtime
+    in its environment: see spawn), its secrets through standard input (SHIM)."""
+    spec = p["container"]
+    names = set(job_env(p, paths["dir"], {})[0]) - set(p["secret_env"])
+    names |= {k for k in os.environ if k.startswith(NODE_ENV_PREFIXES)}
+    prefix = run_argv(spec, name=container_name(p["run_id"], p["node_rank"], p["restart"]),
+                      mounts=[p["chdir"], paths["dir"]], workdir=p["chdir"],
+                      env_names=sorted(names), gpus=spec.get("gpus"),
+                      stdin=bool(p["secret_env"]), volumes=spec.get("volumes") or [],
+                      options=spec.get("options") or [])
+    return prefix + ([python, "-c", SHIM] if p["secret_env"] else []) + argv
 
 
 def job_env(p, run_dir, environ):
@@ -138,12 +168,26 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
     os.makedirs(paths["torchrun_logs"], exist_ok=True)
     os.makedirs(paths["flight_recorder"], exist_ok=True)
     env, shown = job_env(p, paths["dir"], environ)
+    secrets = None
+    if p.get("container"):
+        # The runtime passes the job's variables on by name; the secrets it never sees: they
+        # go to the shim in the image through the launcher's standard input.
+        for name in p["secret_env"]:
+            env.pop(name, None)
+        secrets = json.dumps({k: str(v) for k, v in p["secret_env"].items()}) + "\n" \
+            if p["secret_env"] else None
     write_atomic(paths["cmd"], json.dumps(argv))
     write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))
     started_at = time.time()
     meta = dict(p["meta"], started_at=started_at)
     if p["wrapper"]:
         meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop)
+    if p.get("container"):
+        # Stop removes the container too (see _stop), whatever ended its processes.
+        meta["container"] = {
+            "runtime": p["container"]["runtime"], "path": p["container"]["path"],
+            "image": p["container"]["image"], "id": p["container"]["id"],
+            "name": container_name(p["run_id"], p["node_rank"], p["restart"])}
     write_atomic(paths["meta"], json.dumps(meta))
 
     background = bool((p.get("barrier") or {}).get("background"))
@@ -156,7 +200,7 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
         if os.fork() == 0:
             _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting,
                        dict(close, run_id=p["run_id"]) if close else None,
-                       LAUNCHERS[p["launcher"]].rank_logs(p))
+                       LAUNCHERS[p["launcher"]].rank_logs(p), secrets)
         os._exit(0)
     os.waitpid(first, 0)
     if gang and gang.get("sock") is not None:
@@ -242,9 +286,12 @@ def _join(m, sock, port, stop, paths):
     return gang
 
 
-def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, rank_logs=True):
+def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, rank_logs=True,
+               stdin=None):
     """Runs in the detached grandchild: (the barrier and the gang, in the background), start
-    torchrun, wait, (remove the firewall rules the start opened), write the exit code."""
+    torchrun, wait, (remove the firewall rules the start opened), write the exit code.
+    `stdin`: what the launcher reads first on its standard input (the secrets, for a launcher
+    in the job's image), else it reads nothing."""
     os.setsid()
     write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -283,7 +330,14 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
                 raise _CalledOff(why or "stopped before the start")
         said_before = os.fstat(1).st_size  # the node log: what follows is the launcher's
         proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=1, stderr=2, close_fds=True)
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=1, stderr=2, close_fds=True)
+        if stdin:
+            try:
+                proc.stdin.write(stdin.encode())
+                proc.stdin.close()
+            except OSError:
+                pass  # the launcher is gone already: its exit code says why
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
         running["first_output"] = threading.Thread(target=first_output, daemon=True, args=(
@@ -317,6 +371,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
             running["first_output"].join(2)  # its last look, after the launcher's end
         if close is not None:
             _close_rules(close, paths)
+        _remove_container(paths)
         # ended_at first: whoever sees the exit code must find the end time too.
         meta = load_json(paths["meta"], {})
         meta["ended_at"] = time.time()
@@ -361,6 +416,16 @@ def first_output(proc, paths, rank_logs, log_before, interval=0.1):
         if ended:
             return
         time.sleep(interval)
+
+
+def _remove_container(paths):
+    """The job's container goes with the job (the runtime removes it on its own unless its
+    processes were killed from outside)."""
+    found = load_json(paths["meta"], {}).get("container")
+    if found:
+        said = remove(found, found["name"])
+        if said:
+            _say(f"container {found['name']} could not be removed: {said}")
 
 
 def _close_rules(close, paths):

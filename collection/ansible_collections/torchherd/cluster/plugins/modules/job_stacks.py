@@ -22,7 +22,7 @@ description:
     pipe; the dumps land in the run directory's C(flight_recorder/) (collect brings them back).
   - Where a rank runs NCCL with its RAS service on (NCCL 2.24 and later, on unless
     C(NCCL_RAS_ENABLE=0)), NCCL's status of the job is asked for as C(ncclras) asks for it, on
-    the address from the rank's environment (C(NCCL_RAS_ADDR), else C(localhost:28028)): which
+    the address from the rank's environment (C(NCCL_RAS_ADDR), else C(localhost:28028)) - which
     ranks of which communicator have not joined, are behind in their collectives or are dead.
     RAS answers from a thread of its own, also while the rank's other threads are stuck.
   - With O(mark_hung), writes the run's C(hung) file first, which ends every node's hang watch.
@@ -106,8 +106,8 @@ nccl_ras:
     - NCCL's own view of the job's communicators from its RAS service (NCCL 2.24 and later),
       asked on the port the node's NCCL ranks use (C(NCCL_RAS_ADDR), by default
       C(localhost:28028)) - C(address), C(text) (its status report), C(findings) (the lines of
-      its C(Errors) and C(Warnings) sections: ranks missing, behind in their collectives, dead)
-      and C(error) (why there is no answer: an older NCCL, RAS off, no communicator yet).
+      its C(Errors) and C(Warnings) sections - ranks missing, behind in their collectives, dead)
+      and C(error) (why there is no answer - an older NCCL, RAS off, no communicator yet).
     - Null where no process here is an NCCL rank with RAS on.
   returned: always
   type: dict

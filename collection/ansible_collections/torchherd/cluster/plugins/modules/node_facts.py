@@ -87,6 +87,45 @@ options:
         decide.
     type: str
     default: ""
+  container:
+    description:
+      - The job's container image. The runtime is found (O(container.runtime)), the image
+        looked for and pulled where O(container.pull) says so (see RV(container)), and the
+        interpreter's and torch's facts are read inside the image (O(python) is the image's -
+        C(python3) finds it on the image's C(PATH)), with the node's GPUs given to it, the host's
+        network and IPC, and the job's O(container.volumes) and O(container.options). The cached
+        answer is kept while the image's id is the same.
+      - An image that cannot be had is no failure of the module; C(error) in RV(container) says
+        why, and no interpreter is probed. In check mode nothing is pulled.
+      - Empty (the default) runs on the node itself.
+    type: dict
+    default: {}
+    suboptions:
+      image:
+        description: The image, as the runtime names it (C(nvcr.io/nvidia/pytorch:25.01-py3)).
+        type: str
+      runtime:
+        description: The runtime; C(auto) takes podman, else docker, whichever is on C(PATH).
+        type: str
+        default: auto
+        choices: [auto, podman, docker]
+      pull:
+        description:
+          - C(missing) pulls the image where the node lacks it, C(always) on every launch (a
+            moving tag), C(never) refuses a node without it.
+        type: str
+        default: missing
+        choices: [missing, always, never]
+      volumes:
+        description: The job's own volumes, in the runtime's C(--volume) syntax.
+        type: list
+        elements: str
+        default: []
+      options:
+        description: The job's own options of the runtime's C(run) (C(--shm-size=16g)).
+        type: list
+        elements: str
+        default: []
   venv:
     description:
       - The job's locked venv. Before anything else, the module makes it with uv at O(venv.path)
@@ -309,6 +348,16 @@ memlock:
   returned: always
   type: raw
   sample: unlimited
+container:
+  description:
+    - The job's image on this node (only with O(container)) - C(runtime) and C(path) (null
+      without one), C(image), C(id) (what the job runs, the image's id, null where it is not
+      there), C(pulled) (this call pulled it), C(seconds) (finding and pulling it) and C(error)
+      (why the job cannot run in it here, else null).
+  returned: always
+  type: dict
+  sample: {runtime: podman, path: /usr/bin/podman, image: "localhost/train:1", id: 746fcdc62655,
+           pulled: false, seconds: 0.08, error: null}
 infiniband:
   description: The InfiniBand/RoCE devices under C(/sys/class/infiniband), each port's C(state)
     and C(link_layer); empty without any.
@@ -338,6 +387,12 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
+from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
+    ensure as ensure_image,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
+    run_argv,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
     HEALTH,
     gpu_files,
@@ -449,13 +504,16 @@ def _read(path):
         return None
 
 
-def fingerprint(python, timeout, driver=None):
+def fingerprint(python, timeout, driver=None, container=None):
     """Everything the torch probe's answer depends on, or None when it cannot be told;
     `driver`: read_gpus's answer, whose driver version and GPUs count too (nvidia-smi may see
-    GPUs where the driver's /proc files are not mounted, as in some containers)."""
+    GPUs where the driver's /proc files are not mounted, as in some containers); `container`:
+    the job's image (_container.ensure's answer), whose id stands for its interpreter."""
     # The same path as this module's interpreter (not merely the same file: a venv's python is
     # a link to the system's, with other packages) needs no interpreter of its own.
-    if python == sys.executable:
+    if container:
+        interp = {"image": container["id"], "runtime": container["path"], "python": python}
+    elif python == sys.executable:
         scope = {}
         exec(compile(FINGERPRINT, "<fingerprint>", "exec"), scope)
         interp = json.loads(json.dumps(scope["describe"]()))
@@ -479,15 +537,17 @@ def fingerprint(python, timeout, driver=None):
     return json.loads(json.dumps(key))
 
 
-def cached_probe(python, timeout, root, max_age, driver=_UNREAD):
+def cached_probe(python, timeout, root, max_age, driver=_UNREAD, container=None, prefix=()):
     """probe, reusing the last good answer while its fingerprint is unchanged; `driver` is
-    read_gpus's answer where the caller has it."""
-    key = fingerprint(python, timeout, driver) if max_age > 0 else None
+    read_gpus's answer where the caller has it; `container` the job's image and `prefix` the
+    command line that runs the interpreter in it."""
+    key = fingerprint(python, timeout, driver, container) if max_age > 0 else None
     if key is None:
-        py, torch = probe(python, timeout, driver)
+        py, torch = probe(python, timeout, driver, prefix)
         return py, dict(torch, cached=False)
     # One file per root; a root on a shared file system holds one entry per node.
-    name = f"{socket.gethostname()} {python}"
+    name = f"{socket.gethostname()} {python}" + (f" in {container['image']}" if container
+                                                  else "")
     path = os.path.join(root, ".torch-probe.json")
     try:
         with open(path, encoding="utf-8") as handle:
@@ -496,7 +556,7 @@ def cached_probe(python, timeout, root, max_age, driver=_UNREAD):
             return entry["python"], dict(entry["torch"], cached=True)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    py, torch = probe(python, timeout, driver)
+    py, torch = probe(python, timeout, driver, prefix)
     if torch.get("version") and not torch.get("error"):
         try:
             with open(path, encoding="utf-8") as handle:
@@ -517,7 +577,7 @@ def cached_probe(python, timeout, root, max_age, driver=_UNREAD):
     return py, dict(torch, cached=False)
 
 
-def probe(python, timeout, driver=_UNREAD):
+def probe(python, timeout, driver=_UNREAD, prefix=()):
     """The job interpreter's torch (probe_torch) with the GPUs the driver lists (see _gpus):
     torch's CUDA lists them only where neither nvidia-smi nor the driver's files are there, or
     where CUDA_VISIBLE_DEVICES names them in a way that only CUDA can resolve."""
@@ -525,7 +585,7 @@ def probe(python, timeout, driver=_UNREAD):
     shown = None if driver is None else visible(
         driver["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"),
         os.environ.get("CUDA_DEVICE_ORDER"))
-    py, torch = probe_torch(python, timeout, nvml=shown is not None)
+    py, torch = probe_torch(python, timeout, nvml=shown is not None, prefix=prefix)
     if torch.get("version"):
         torch["driver"] = driver["driver"] if driver else None
         torch["gpus_from"] = "torch" if shown is None else driver["source"]
@@ -547,15 +607,20 @@ def refresh(torch, driver):
     return torch
 
 
-def probe_torch(python, timeout, nvml=False):
+def probe_torch(python, timeout, nvml=False, prefix=()):
+    """The interpreter's and its torch's facts; `prefix`: the command line that runs the
+    interpreter (in the job's image), if any."""
     try:
-        proc = subprocess.run([python, "-c", TORCH_PROBE] + (["nvml"] if nvml else []),
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(list(prefix) + [python, "-c", TORCH_PROBE]
+                              + (["nvml"] if nvml else []),
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         err = f"interpreter {python} not found"
         return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
     except subprocess.TimeoutExpired:
-        err = f"importing torch in {python} took more than {timeout:g} s"
+        err = f"importing torch in {python} took more than {timeout:g} s" + (
+            " (in the image, runtime start included)" if prefix else "")
         return {"path": python, "version": None, "error": None}, {"version": None, "error": err}
     try:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -616,6 +681,14 @@ def main():
             code_files=dict(type="list", elements="str", default=[]),
             master_addr=dict(type="str", default=""),
             interface=dict(type="str", default=""),
+            container=dict(type="dict", default={}, options=dict(
+                image=dict(type="str"),
+                runtime=dict(type="str", default="auto",
+                             choices=["auto", "podman", "docker"]),
+                pull=dict(type="str", default="missing", choices=["missing", "always", "never"]),
+                volumes=dict(type="list", elements="str", default=[]),
+                options=dict(type="list", elements="str", default=[]),
+            )),
             venv=dict(type="dict", default={}, options=dict(
                 path=dict(type="path"),
                 key=dict(type="str", no_log=False),
@@ -636,7 +709,17 @@ def main():
     venv = made_venv(p["venv"], root, module.check_mode) if (p["venv"] or {}).get("key") else None
     # Once per call, cached probe or not: who holds the GPUs and their health change any time.
     driver = read_gpus(NVIDIA_PROC)
-    py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"], driver)
+    spec = p["container"] or {}
+    container = ensure_image(spec, module.check_mode) if spec.get("image") else None
+    if container and container["error"]:
+        # The gate's container check says why; nothing runs in an image that is not there.
+        py = {"path": python, "version": None, "error": None}
+        torch = {"version": None, "error": None, "cached": False}
+    else:
+        prefix = run_argv(container, gpus=bool((driver or {}).get("gpus")),
+                          volumes=spec["volumes"], options=spec["options"]) if container else ()
+        py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"], driver,
+                                 container, prefix)
     refresh(torch, driver)
     ifaces = interfaces()
     code_hash = None
@@ -650,6 +733,7 @@ def main():
         euid=os.geteuid(),
         root=root,
         venv=venv,
+        container=container,
         python=py,
         torch=torch,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),

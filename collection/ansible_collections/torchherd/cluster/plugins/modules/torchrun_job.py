@@ -233,6 +233,53 @@ options:
     type: list
     elements: str
     default: []
+  container:
+    description:
+      - The job's image, as M(torchherd.cluster.node_facts) found it on this node (its
+        C(container) result) with the job's own volumes and options. The launcher runs inside
+        it (C(<runtime> run --rm --network host --ipc host)), named
+        C(torchherd-<run_id>-n<node_rank>-r<restart>), with O(chdir) and the run directory
+        mounted at their own paths, O(chdir) as its working directory, the job's environment
+        passed by name (values in the runtime's environment, not on its command line) and the
+        node's GPUs where O(container.gpus). O(python) is the image's interpreter.
+      - O(secret_env) reaches the job through the launcher's standard input, read by a few
+        lines of Python in the image before the launcher starts in its place - on no command
+        line, in no file, not in what the runtime's C(inspect) shows.
+      - Stop ends the container's processes as any job's (they carry the run's marker) and
+        removes the container. Empty (the default) runs the launcher on the node itself.
+    type: dict
+    suboptions:
+      runtime:
+        description: C(podman) or C(docker).
+        type: str
+        required: true
+        choices: [podman, docker]
+      path:
+        description: The runtime's executable.
+        type: path
+        required: true
+      image:
+        description: The image's name.
+        type: str
+        required: true
+      id:
+        description: The image's id (what runs); empty runs O(container.image).
+        type: str
+        default: ""
+      gpus:
+        description: Give the container every GPU of the node.
+        type: bool
+        default: false
+      volumes:
+        description: The job's own volumes, in the runtime's C(--volume) syntax.
+        type: list
+        elements: str
+        default: []
+      options:
+        description: The job's own options of the runtime's C(run).
+        type: list
+        elements: str
+        default: []
   barrier:
     description:
       - With O(state=started), the last check before the start and a start barrier in one;
@@ -790,6 +837,15 @@ def main():
             grace=dict(type="float", default=10),
             meta=dict(type="dict", default={}),
             wrapper=dict(type="list", elements="str", default=[]),
+            container=dict(type="dict", options=dict(
+                runtime=dict(type="str", required=True, choices=["podman", "docker"]),
+                path=dict(type="path", required=True),
+                image=dict(type="str", required=True),
+                id=dict(type="str", default=""),
+                gpus=dict(type="bool", default=False),
+                volumes=dict(type="list", elements="str", default=[]),
+                options=dict(type="list", elements="str", default=[]),
+            )),
             barrier=dict(type="dict", options=dict(
                 listen=dict(type="bool", default=False),
                 expect=dict(type="int", default=1),
