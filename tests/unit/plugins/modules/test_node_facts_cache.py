@@ -41,8 +41,8 @@ GOOD = ({"path": sys.executable, "version": "3.11.2"},
 def probes(monkeypatch):
     calls = []
 
-    def fake(python, timeout, nvml=False):
-        calls.append(python)
+    def fake(python, timeout, nvml=False, prefix=()):
+        calls.append(python if not prefix else (python, tuple(prefix)))
         return GOOD[0], dict(GOOD[1])
 
     monkeypatch.setattr(node_facts, "probe_torch", fake)
@@ -92,7 +92,7 @@ def test_an_expired_or_failed_probe_is_not_reused(tmp_path, probes, monkeypatch)
     cache.write_text(json.dumps(entries))
     assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
     cache.unlink()
-    monkeypatch.setattr(node_facts, "probe_torch", lambda python, timeout, nvml=False: (
+    monkeypatch.setattr(node_facts, "probe_torch", lambda python, timeout, nvml=False, prefix=(): (
         GOOD[0], {"version": None, "error": "ModuleNotFoundError: No module named 'torch'"}))
     node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     assert not cache.exists()
@@ -159,7 +159,7 @@ def test_the_gpus_come_from_the_driver_and_torch_creates_no_cuda_context(tmp_pat
     applied; without them (this machine), torch is asked as before."""
     asked = []
 
-    def fake(python, timeout, nvml=False):
+    def fake(python, timeout, nvml=False, prefix=()):
         asked.append(nvml)
         return GOOD[0], dict(GOOD[1], cuda="13.0", cuda_available=True, gpu_count=1, gpus=[])
 
@@ -226,3 +226,16 @@ def test_gpus_seen_by_nvidia_smi_alone_are_part_of_the_key(tmp_path, probes):
     assert cached(smi("aaaa"))["cached"] is True
     assert cached(smi("bbbb"))["cached"] is False
     assert cached(smi("bbbb", "580.65.06"))["cached"] is False
+
+
+def test_an_image_is_probed_inside_it_and_cached_by_its_id(probes, tmp_path):
+    image = {"id": "5eb7d3349f43", "path": "/usr/bin/podman", "image": "localhost/train:1"}
+    prefix = ["/usr/bin/podman", "run", "--rm", "5eb7d3349f43"]
+    ask = lambda found: node_facts.cached_probe("python3", 30, str(tmp_path), 3600, None,  # noqa: E731
+                                                found, prefix)[1]["cached"]
+    assert ask(image) is False and probes == [("python3", tuple(prefix))]
+    assert ask(image) is True and len(probes) == 1
+    # The tag moved to another image: probed again; the node's own python3 is another entry.
+    assert ask(dict(image, id="0a393fa62322")) is False and len(probes) == 2
+    assert node_facts.cached_probe("python3", 30, str(tmp_path), 3600, None)[1]["cached"] \
+        is False

@@ -1,0 +1,204 @@
+"""Jobs inside a container image (job key container), on nodes that run a real container runtime:
+Debian's podman inside each test node (privileged, see testbed.up's container_runtime), the job
+image the node image itself (its Python, torch and launchers), in a read-only image store the
+nodes share. podman because it runs rootful inside the node without a daemon; docker would need
+dockerd in every node. Real SSH, real podman, real gloo: a 3 x 2 DDP job in the image, status,
+stacks, stop and a rank raising in the image, the secret on no command line, in no file, not in
+podman inspect, and preflight refusing a node without the runtime, an image missing under pull
+never, and an image whose torch differs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver import Exit, launch, stacks, status, stop, verify
+from tests.cluster import testbed
+
+pytestmark = pytest.mark.cluster
+
+JOB = """import hashlib, json, os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+model(torch.ones(2, 4)).sum().backward()
+value = torch.tensor([float(rank)])
+dist.all_reduce(value)
+secret = os.environ.get("TH_SECRET", "")
+print("torchherd-ctr " + json.dumps({
+    "rank": rank, "world": dist.get_world_size(), "sum": value.item(),
+    "in_image": os.path.exists("/run/.containerenv"), "python": sys.executable,
+    "secret": hashlib.sha256(secret.encode()).hexdigest()}), flush=True)
+if rank == int(os.environ.get("FAIL_RANK", "-1")):
+    print(f"torchherd-ctr-fail rank={rank} t={time.time()}", flush=True)
+    raise RuntimeError("this rank fails on purpose")
+time.sleep(float(os.environ.get("SLEEP", "0")))
+dist.destroy_process_group()
+"""
+LINE = re.compile(r"torchherd-ctr (\{.*\})")
+ROOT = "/root/.torchherd"
+
+
+@pytest.fixture(scope="module")
+def ctr(node_image: str) -> Iterator[tuple[testbed.Cluster, str]]:
+    """Three nodes that run podman, and the job image every one of them has."""
+    with testbed.reserve("ctr"):
+        try:
+            cluster = testbed.up("ctr", 3, container_runtime=True)
+            yield cluster, testbed.job_images()[1]
+        finally:
+            testbed.down("ctr")
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "job.py").write_text(JOB)
+    return src
+
+
+def job(code: Path, image: str, run_id: str, **extra) -> dict:
+    return {"script": "job.py", "code_src": str(code), "nproc_per_node": 2, "run_id": run_id,
+            "container": {"image": image, "pull": "never"}, **extra}
+
+
+def said(runs: Path, run_id: str, cluster: testbed.Cluster) -> list[dict]:
+    found = []
+    for node in cluster.nodes:
+        text = (runs / run_id / "nodes" / node.name / "node.log").read_text()
+        found += [json.loads(m) for m in LINE.findall(text)]
+    return sorted(found, key=lambda line: line["rank"])
+
+
+def containers(cluster: testbed.Cluster) -> dict[str, list[str]]:
+    return {node.name: cluster.exec(node, ["podman", "ps", "--all", "--format", "{{.Names}}"])
+            .stdout.split() for node in cluster.nodes}
+
+
+def assert_nothing_left(cluster: testbed.Cluster) -> None:
+    assert containers(cluster) == {node.name: [] for node in cluster.nodes}
+    for node in cluster.nodes:
+        assert cluster.pids(node, "job.py") == [], f"a rank is left on {node.name}"
+
+
+def wait_for_lines(cluster: testbed.Cluster, run_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    for node in cluster.nodes:
+        while True:
+            log = cluster.exec(node, ["cat", f"{ROOT}/runs/{run_id}/node.log"], check=False).stdout
+            if len(LINE.findall(log)) >= 2:
+                break
+            assert time.monotonic() < deadline, f"{node.name} said nothing: {log[-2000:]}"
+            time.sleep(1)
+
+
+def test_a_ddp_job_runs_in_the_image_and_its_secret_is_nowhere_else(ctr, code, tmp_path):
+    cluster, image = ctr
+    secret = "th-" + secrets.token_hex(16)
+    launched = launch(job(code, image, "ctr-ddp", env={"SLEEP": "300"},
+                          secret_env={"TH_SECRET": secret}, detach=True),
+                      cluster.inventory, runs_dir=tmp_path)
+    assert launched.ok, launched.reason
+    facts = json.loads((tmp_path / "ctr-ddp" / "preflight.json").read_text())["facts"]
+    for found in facts.values():
+        assert found["container"]["runtime"] == "podman" and not found["container"]["error"]
+        assert found["python"]["executable"] == "python3"
+        assert found["torch"]["version"].startswith("2.13.0")
+    wait_for_lines(cluster, "ctr-ddp")
+
+    names = {node.name: f"torchherd-ctr-ddp-n{i}-r0" for i, node in enumerate(cluster.nodes)}
+    assert containers(cluster) == {host: [name] for host, name in names.items()}
+    for node in cluster.nodes:
+        inspected = cluster.exec(node, ["podman", "inspect", names[node.name]]).stdout
+        assert json.loads(inspected)[0]["Config"]["Env"], "inspect shows the container's env"
+        assert secret not in inspected
+        # No command line on the node, and no file torchherd wrote there.
+        cmdlines = cluster.exec(node, ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"],
+                                check=False).stdout
+        assert "job.py" in cmdlines and secret not in cmdlines
+        grep = cluster.exec(node, ["grep", "-r", "-l", secret, ROOT], check=False)
+        assert grep.returncode == 1, f"{node.name}: {grep.stdout}"
+
+    running = status("ctr-ddp", runs_dir=tmp_path)
+    assert {h["state"] for h in running.hosts.values()} == {"running"}, running.reason
+    read = stacks("ctr-ddp", runs_dir=tmp_path)
+    assert read.ok, read.reason
+    assert sorted(r["rank"] for r in read.stacks["ranks"]) == list(range(6))
+    assert {r["own"].split(" ")[0] for r in read.stacks["ranks"]} == {"<module>"}
+
+    stopped = stop("ctr-ddp", runs_dir=tmp_path)
+    assert {h["state"] for h in stopped.hosts.values()} == {"stopped"}, stopped.reason
+    assert_nothing_left(cluster)
+    lines = said(tmp_path, "ctr-ddp", cluster)
+    assert [line["rank"] for line in lines] == list(range(6))
+    assert {(line["world"], line["sum"], line["in_image"]) for line in lines} == {(6, 15.0, True)}
+    assert {line["secret"] for line in lines} == {hashlib.sha256(secret.encode()).hexdigest()}
+    # Nor in anything that came back to the controller.
+    for path in (tmp_path / "ctr-ddp").rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+
+
+def test_a_rank_raising_in_the_image_stops_every_node(ctr, code, tmp_path):
+    cluster, image = ctr
+    result = launch(job(code, image, "ctr-fail", env={"FAIL_RANK": "3", "SLEEP": "120"}),
+                    cluster.inventory, runs_dir=tmp_path)
+    returned = time.time()
+    assert result.exit_code == Exit.JOB_FAILED, result.reason
+    summary = json.loads((tmp_path / "ctr-fail" / "summary.json").read_text())
+    failed = summary["hosts"][cluster.nodes[1].name]
+    assert failed["state"] == "failed" and failed["failing_rank"] == 3, failed
+    log = (tmp_path / "ctr-fail" / "nodes" / cluster.nodes[1].name / "node.log").read_text()
+    failed_at = float(re.search(r"torchherd-ctr-fail rank=3 t=([\d.]+)", log).group(1))
+    for node in cluster.nodes:
+        ended = summary["hosts"][node.name]["ended_at"]
+        assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
+    assert_nothing_left(cluster)
+    print(f"container: failure -> all stopped "
+          f"{max(h['ended_at'] for h in summary['hosts'].values()) - failed_at:.1f} s, "
+          f"-> launch returned {returned - failed_at:.1f} s")
+
+
+def test_preflight_names_the_node_without_runtime_image_or_the_same_torch(ctr, code, tmp_path):
+    cluster, image = ctr
+    first, second, third = cluster.nodes
+    test_image = "localhost/torchherd-job:test"
+    # node0: the image under the job's name; node1: none of it; node2: one whose torch differs.
+    cluster.exec(first, ["podman", "tag", image, test_image])
+    odd = (f"FROM {image}\nRUN sed -i \"s/^__version__ = .*/__version__ = '2.13.0+odd'/\" "
+           "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/version.py\n")
+    testbed.run(["podman", "exec", "-i", third.name, "podman", "build", "--quiet",
+                 "--tag", test_image, "--file", "-", "/tmp"], input=odd)
+    try:
+        result = verify(job(code, test_image, "ctr-refused"), cluster.inventory,
+                        runs_dir=tmp_path)
+        assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+        problems = {(p["host"], p["check"]): p for p in result.problems}
+        assert set(problems) == {(second.name, "container"), (third.name, "same torch.version")}
+        assert "pull policy is never" in problems[second.name, "container"]["found"]
+        assert problems[third.name, "same torch.version"]["found"] == "2.13.0+odd"
+
+        # A node without the runtime (node1's podman moved away).
+        cluster.exec(second, ["mv", "/usr/bin/podman", "/usr/bin/podman.off"])
+        try:
+            result = verify(job(code, image, "ctr-no-runtime"), cluster.inventory,
+                            runs_dir=tmp_path)
+        finally:
+            cluster.exec(second, ["mv", "/usr/bin/podman.off", "/usr/bin/podman"])
+        assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+        assert [(p["host"], p["check"]) for p in result.problems] == [(second.name, "container")]
+        assert "no container runtime" in result.problems[0]["found"]
+    finally:
+        for node in (first, third):
+            cluster.exec(node, ["podman", "rmi", "--force", test_image], check=False)

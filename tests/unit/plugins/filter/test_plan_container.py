@@ -1,0 +1,61 @@
+"""The job's container image in the plan (each node's interpreter is the image's unless the node
+or the job names one; what cannot go with an image is refused before any node is touched), and
+the gate's container check naming the node with what it found and how to fix it."""
+
+import copy
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from test_gate import CPU, make
+
+from ansible_collections.torchherd.cluster.plugins.filter.gate import gate
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
+
+GROUPS = {"torchherd_nodes": ["a", "b"]}
+
+
+def node_facts(hostname, **extra):
+    return {**copy.deepcopy(CPU), "hostname": hostname, **extra}
+HOSTVARS = {"a": {"ansible_host": "10.0.0.1", "ansible_python_interpreter": "/usr/bin/python3"},
+            "b": {"ansible_host": "10.0.0.2", "torchherd_python": "/opt/conda/bin/python"}}
+
+
+def test_the_nodes_run_the_images_python_unless_a_node_names_its_own():
+    p = plan({"script": "train.py", "container": {"image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                                                  "pull": "never"}}, GROUPS, HOSTVARS)
+    assert p["container"] == {"image": "nvcr.io/nvidia/pytorch:25.01-py3", "runtime": "auto",
+                              "pull": "never", "python": "python3"}
+    assert [n["python"] for n in p["nodes"]] == ["python3", "/opt/conda/bin/python"]
+    # Without an image: the node's own interpreter, as always.
+    assert plan({"script": "train.py"}, GROUPS, HOSTVARS)["container"] is None
+
+
+@pytest.mark.parametrize("job,words", [
+    ({"container": {"image": "img:1"}, "venv": {"lock": "req.lock"}},
+     "job.container and job.venv: expected one of them"),
+    ({"container": {"image": "img:1"}, "spawn": "srun"}, "job.container with spawn srun"),
+    ({"container": {"pull": "always"}}, "job.container: expected an image with pull"),
+])
+def test_what_cannot_go_with_an_image_is_refused_on_the_controller(tmp_path, job, words):
+    (tmp_path / "req.lock").write_text("numpy==2.4.6\n")
+    with pytest.raises(AnsibleFilterError, match=words):
+        plan({"script": "train.py", "code_src": str(tmp_path), **job}, GROUPS, HOSTVARS)
+
+
+def test_the_gate_names_the_node_whose_image_cannot_run_and_stays_quiet_on_its_python():
+    found = {"runtime": "podman", "path": "/usr/bin/podman", "image": "img:1", "id": None,
+             "pulled": False, "seconds": 0.1,
+             "error": "image img:1 is not on this node and the job's pull policy is never"}
+    sick = node_facts("b", container=found, python={"path": "python3", "version": None,
+                                                    "error": None},
+                      torch={"version": None, "error": None})
+    verdict = gate(*make({"a": node_facts("a"), "b": sick}, container={"image": "img:1"}))
+    assert [(p["host"], p["check"]) for p in verdict["problems"]] == [("b", "container")]
+    problem = verdict["problems"][0]
+    assert problem["expected"] == "image img:1 runnable with podman"
+    assert "podman pull img:1" in problem["fix"] and "container.pull" in problem["fix"]
+    missing = dict(found, runtime=None, path=None,
+                   error="no container runtime: expected podman or docker on PATH, found none")
+    verdict = gate(*make({"a": node_facts("a"), "b": dict(sick, container=missing)},
+                         container={"image": "img:1"}))
+    assert "install podman or docker" in verdict["problems"][0]["fix"]

@@ -1,0 +1,128 @@
+"""The job's image on a node: the runtime found, the image looked for and pulled as the policy
+says, what a runtime that cannot be asked said, and the command line that runs the launcher in
+the image. The runtime here is a script that answers as podman does (its real words)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.torchherd.cluster.plugins.module_utils import _container
+
+# A podman that has the images listed in $IMAGES (a file), pulls those in $REGISTRY, and
+# records every call in $CALLS; its messages are podman 4's.
+FAKE = """#!/bin/sh
+echo "$*" >> "$CALLS"
+case "$1 $2" in
+"image inspect")
+    for image in $(/bin/cat "$IMAGES"); do
+        [ "$image" = "$5" ] && { echo "sha256-of-$5"; exit 0; }
+    done
+    [ -n "$DENIED" ] && { echo "Error: cannot connect: permission denied" >&2; exit 125; }
+    echo "Error: inspecting object: $5: image not known" >&2; exit 125 ;;
+"pull "*)
+    /bin/grep -qx "$2" "$REGISTRY" || { echo "Trying to pull $2..." >&2;
+        echo "Error: initializing source docker://$2: reading manifest: manifest unknown" >&2;
+        exit 125; }
+    echo "$2" >> "$IMAGES"; echo "sha256-of-$2" ;;
+"rm --force")
+    echo "Error: no container with name or ID \\"$5\\" found: no such container" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture
+def podman(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text(FAKE)
+    (bin_dir / "podman").chmod(0o755)
+    for name in ("images", "registry", "calls"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("IMAGES", str(tmp_path / "images"))
+    monkeypatch.setenv("REGISTRY", str(tmp_path / "registry"))
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    return tmp_path
+
+
+def calls(podman):
+    return [line.split()[0] for line in (podman / "calls").read_text().splitlines()]
+
+
+def test_an_image_there_is_used_and_one_missing_is_pulled_as_the_policy_says(podman):
+    (podman / "images").write_text("localhost/train:1\n")
+    found = _container.ensure({"image": "localhost/train:1", "pull": "missing"})
+    assert (found["runtime"], found["id"], found["pulled"], found["error"]) == (
+        "podman", "sha256-of-localhost/train:1", False, None)
+    assert found["path"].endswith("/podman") and calls(podman) == ["image"]
+
+    (podman / "registry").write_text("registry.example/train:2\n")
+    found = _container.ensure({"image": "registry.example/train:2", "pull": "missing"})
+    assert found["pulled"] and found["id"] == "sha256-of-registry.example/train:2"
+    # always pulls what is there; never refuses what is not.
+    assert _container.ensure({"image": "localhost/train:1", "pull": "always"})["error"] \
+        == "podman pull localhost/train:1 failed: Error: initializing source " \
+           "docker://localhost/train:1: reading manifest: manifest unknown"
+    never = _container.ensure({"image": "localhost/other:3", "pull": "never"})
+    assert never["id"] is None and never["error"] == (
+        "image localhost/other:3 is not on this node and the job's pull policy is never")
+    # Check mode pulls nothing.
+    dry = _container.ensure({"image": "registry.example/new:4"}, dry=True)
+    assert "check mode pulls nothing" in dry["error"] and "pull" not in calls(podman)[-1:]
+
+
+def test_no_runtime_or_one_that_cannot_be_asked_is_said(podman, monkeypatch):
+    monkeypatch.setenv("DENIED", "1")
+    found = _container.ensure({"image": "localhost/train:1"})
+    assert found["error"] == ("podman cannot be used here without a prompt: Error: cannot "
+                              "connect: permission denied")
+    assert calls(podman) == ["image"]  # nothing pulled
+    assert _container.ensure({"image": "x", "runtime": "docker"})["error"] == (
+        "no container runtime: expected docker on PATH, found none")
+    monkeypatch.setenv("PATH", str(podman / "none"))
+    assert _container.ensure({"image": "x"})["error"] == (
+        "no container runtime: expected podman or docker on PATH, found none")
+
+
+def test_the_command_line_runs_in_the_image_with_what_training_needs(monkeypatch):
+    found = {"runtime": "podman", "path": "/usr/bin/podman", "image": "localhost/train:1",
+             "id": "5eb7d3349f43"}
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    argv = _container.run_argv(
+        found, name="torchherd-r1-n0-r0", mounts=["/code", "/runs/r1", "/code"], workdir="/code",
+        env_names=["MASTER_ADDR", "TH_TOKEN_NAME_ONLY"], gpus=True, stdin=True,
+        volumes=["/data:/data:ro"], options=["--shm-size=16g"])
+    assert argv == [
+        "/usr/bin/podman", "run", "--rm", "--network", "host", "--ipc", "host",
+        "--name", "torchherd-r1-n0-r0", "--interactive", "--device", "nvidia.com/gpu=all",
+        "--volume", "/code:/code", "--volume", "/runs/r1:/runs/r1", "--volume", "/data:/data:ro",
+        "--workdir", "/code", "--env", "MASTER_ADDR", "--env", "TH_TOKEN_NAME_ONLY",
+        "--shm-size=16g", "5eb7d3349f43"]
+    # docker's GPUs; a user who is not root keeps its own uid for the job's files.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getegid", lambda: 1000)
+    docker = _container.run_argv(dict(found, runtime="docker", path="/usr/bin/docker", id=""),
+                                 gpus=True)
+    assert docker == ["/usr/bin/docker", "run", "--rm", "--network", "host", "--ipc", "host",
+                      "--gpus", "all", "--user", "1000:1000", "localhost/train:1"]
+    assert "--userns" in _container.run_argv(found)
+
+
+def test_the_shim_takes_the_secrets_from_stdin_and_becomes_the_program(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _container.SHIM, sys.executable, "-c",
+                          "import os; print(os.environ['TH_TOKEN'], os.getpid())"],
+                         input='{"TH_TOKEN": "t0ken"}\n', capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split()[0] == "t0ken"
+
+
+def test_a_container_already_gone_is_no_error_and_names_carry_the_run(podman):
+    found = {"runtime": "podman", "path": str(podman / "bin" / "podman")}
+    assert _container.remove(found, "torchherd-r1-n0-r0") is None
+    assert (podman / "calls").read_text().split() == ["rm", "--force", "--time", "0",
+                                                      "torchherd-r1-n0-r0"]
+    assert _container.container_name("r1", 2, 1) == "torchherd-r1-n2-r1"
