@@ -174,6 +174,10 @@ def facts_cells(host: str, facts: dict[str, Any]) -> list[str]:
     if python and venv:
         python += (f" venv made {venv.get('seconds') or 0:.1f} s" if venv.get("made")
                    else " venv")
+    image = facts.get("container") or {}
+    if python and image:
+        python += (f" in image, pulled {image.get('seconds') or 0:.1f} s" if image.get("pulled")
+                   else " in image")
     cells = [host, role, python, facts.get("torch"), facts.get("cuda"),
              facts.get("nccl"), gpus_text(facts.get("gpus") or []) if facts.get("torch") else None,
              launchers, where, gib(facts.get("disk_free_bytes")), gib(facts.get("shm_bytes")),
@@ -316,6 +320,10 @@ class Progress:
         if venv and not venv.get("error"):  # the job's locked venv, made here or found
             note = (f"venv made in {float(venv.get('seconds') or 0):.1f} s" if venv.get("made")
                     else "venv reused")
+        image = res.get("container") if isinstance(res.get("container"), dict) else {}
+        if image and not image.get("error"):  # the job's image, pulled here or found
+            note = (f"image pulled in {float(image.get('seconds') or 0):.1f} s"
+                    if image.get("pulled") else "image found")
         return _some(self._set(host, phase, done, note))
 
     def _controller(self, kind: str, phase: str, res: dict[str, Any]) -> list[str]:

@@ -76,6 +76,9 @@ class NodeFacts(TypedDict, total=False):
     # The job's locked venv (job key venv): path, made (this launch made it, else reused),
     # seconds spent on it, packages (as uv pip freeze lists them); None without one.
     venv: dict[str, Any] | None
+    # The job's image (job key container): runtime, image, id, pulled (by this launch), seconds
+    # (finding and pulling it), error; None without one.
+    container: dict[str, Any] | None
     torch: str | None
     cuda: str | None
     nccl: str | None
@@ -281,6 +284,9 @@ def node_facts(plan: dict[str, Any], preflight: dict[str, Any] | None) -> dict[s
             "python": python.get("version"), "python_path": python.get("executable"),
             "venv": ({k: found["venv"].get(k) for k in ("path", "made", "seconds", "packages")}
                      if found.get("venv") else None),
+            "container": ({k: found["container"].get(k) for k in
+                           ("runtime", "image", "id", "pulled", "seconds", "error")}
+                          if found.get("container") else None),
             "torch": torch.get("version"), "cuda": torch.get("cuda"),
             "nccl": torch.get("nccl"),
             "gpus": [_gpu(g, found.get("gpu_nics") or {}) for g in torch.get("gpus") or []],

@@ -420,6 +420,29 @@ def test_facts_cells_say_where_the_job_runs_in_a_locked_venv():
     assert facts_cells("n1", node)[2] == "3.11.2"
 
 
+def test_the_verify_cell_and_the_preflight_line_say_where_the_image_came_from(events):
+    node = {"node_rank": 1, "role": "worker", "check": "passed", "python": "3.11.2",
+            "torch": "2.13.0+cpu", "gpus": [], "launchers": {}}
+    pulled = {"runtime": "podman", "image": "img:1", "pulled": True, "seconds": 41.26}
+    assert facts_cells("n1", dict(node, container=pulled))[2] == "3.11.2 in image, pulled 41.3 s"
+    assert facts_cells("n1", dict(node, container=dict(pulled, pulled=False)))[2] == \
+        "3.11.2 in image"
+    progress = Progress()
+
+    def facts(host, container):
+        event = task_event(events, "runner_on_ok", "preflight", "torchherd.cluster.node_facts",
+                           host)
+        event["event_data"]["res"]["container"] = container
+        return event
+
+    assert progress.update(facts("n0", pulled)) == [
+        "torchherd: n0: checked: image pulled in 41.3 s"]
+    assert progress.update(facts("n1", dict(pulled, pulled=False))) == [
+        "torchherd: n1: checked: image found"]
+    assert Progress().update(facts("n1", dict(pulled, error="no runtime"))) == [
+        "torchherd: n1: checked"]
+
+
 def test_a_nodes_preflight_says_whether_it_made_the_jobs_venv(events):
     progress = Progress()
 
