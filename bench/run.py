@@ -62,7 +62,8 @@ INIT_RE = re.compile(r"torchherd-init .*?t=(\d+\.\d+)")
 # and charge them: after ControlPersist forks them off they are nobody's children.
 CP_DIR = Path(tempfile.gettempdir()) / "thbench-cp"
 METHODS = {"a": "ssh loop", "b": "pdsh", "c": "torchherd launch", "d": "torchherd relaunch"}
-# e, f: c and d again with --alt-env on top (an A/B of a change, side by side).
+# e, f: c and d again with --alt-env on top, or in the job image (--alt-container): an A/B of
+# a change, side by side.
 ALT_METHODS = {"e": "launch (alt)", "f": "relaunch (alt)"}
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -213,9 +214,11 @@ def measure_shell(method: str, cluster: testbed.Cluster, port: int,
 
 
 def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
-                      extra_env: dict[str, str], ctx: dict | None = None) -> dict:
+                      extra_env: dict[str, str], ctx: dict | None = None,
+                      job_extra: dict | None = None) -> dict:
     events = work / f"events-{method}-{time.time():.0f}.jsonl"
-    job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1}
+    job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1,
+           **(job_extra or {})}
     if method in "ce":
         # A full launch ships changed code: the sync really sends, as after an edit.
         (work / "code" / "version.txt").write_text(f"{time.time()}\n")
@@ -369,12 +372,14 @@ def measure_idle(cgroups: dict[str, str], seconds: float = 5.0) -> dict[str, flo
 
 def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, str],
              watch: dict | None, alt_env: dict[str, str] | None = None,
-             views: tuple[str, ...] = ("shared",), min_mem_gib: float = 2.0) -> dict:
+             views: tuple[str, ...] = ("shared",), min_mem_gib: float = 2.0,
+             alt_job: dict | None = None) -> dict:
     name = f"bench{n}"
     log(f"up {name} ({n} nodes), free memory {cost.mem_available_gib():.1f} GiB")
     t_up = time.monotonic()
     try:  # 64 systemd containers on two cores take more than the default minute to boot
-        cluster = testbed.up(name, n, timeout=max(60.0, 5.0 * n))
+        cluster = testbed.up(name, n, timeout=max(60.0, 5.0 * n),
+                             container_runtime=bool((alt_job or {}).get("container")))
     except BaseException:
         testbed.down(name)
         raise
@@ -413,7 +418,8 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                             r = measure_shell(m, cluster, port, ctx)
                         elif m in ALT_METHODS:
                             r = measure_torchherd(m, cluster, work,
-                                                  {**extra_env, **(alt_env or {})}, ctx)
+                                                  {**extra_env, **(alt_env or {})}, ctx,
+                                                  alt_job)
                         else:
                             r = measure_torchherd(m, cluster, work, extra_env, ctx)
                     except Exception as exc:  # noqa: BLE001 - one bad run must not end the size
@@ -896,6 +902,9 @@ def main() -> int:
                    help="watch_interval values to measure; 0 is the job's default")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="extra environment for torchherd (e.g. ANSIBLE_CONFIG=...)")
+    p.add_argument("--alt-container", action="store_true",
+                   help="e and f run the job in the testbed's job image (nodes that run podman); "
+                        "c and d on the same nodes without it")
     p.add_argument("--alt-env", action="append", default=[], metavar="K=V",
                    help="environment of methods e, f (e.g. TORCHHERD_COLLECTIONS_PATH=...)")
     p.add_argument("--separate-cores", action="store_true",
@@ -941,6 +950,8 @@ def main() -> int:
         return 0
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     alt_env = dict(kv.split("=", 1) for kv in args.alt_env)
+    alt_job = {"container": {"image": testbed.job_images()[1], "pull": "never"}} \
+        if args.alt_container else None
     if not shutil.which("pdsh") and "b" in args.methods:
         raise SystemExit("pdsh not found: apt-get install -y pdsh")
     info = machine()
@@ -962,10 +973,10 @@ def main() -> int:
             else ("shared",)
         with heavy_lock(n >= args.lock_from):
             sizes.append(run_size(n, reps, work, args.methods, extra_env, watch, alt_env,
-                                  views, args.min_mem_gib))
+                                  views, args.min_mem_gib, alt_job))
         (out_dir / f"{stamp}{args.tag}.json").write_text(
-            json.dumps({"machine": info, "env": extra_env, "alt_env": alt_env, "sizes": sizes},
-                       indent=1))
+            json.dumps({"machine": info, "env": extra_env, "alt_env": alt_env,
+                        "alt_job": alt_job, "sizes": sizes}, indent=1))
     rows = summarize(sizes)
     if not args.tag:
         write_markdown(ROOT / "docs" / "benchmark.md", info, rows, sizes, args.note)
