@@ -55,6 +55,7 @@ import cost  # noqa: E402  bench/cost.py, next to this file
 
 from driver.spec import job_options  # noqa: E402
 from tests.cluster import testbed  # noqa: E402
+from tests.cluster.wheels import pure_wheel, uv_wheel  # noqa: E402
 
 PY = sys.executable
 INIT_RE = re.compile(r"torchherd-init .*?t=(\d+\.\d+)")
@@ -62,8 +63,9 @@ INIT_RE = re.compile(r"torchherd-init .*?t=(\d+\.\d+)")
 # and charge them: after ControlPersist forks them off they are nobody's children.
 CP_DIR = Path(tempfile.gettempdir()) / "thbench-cp"
 METHODS = {"a": "ssh loop", "b": "pdsh", "c": "torchherd launch", "d": "torchherd relaunch"}
-# e, f: c and d again with --alt-env on top, or in the job image (--alt-container): an A/B of
-# a change, side by side.
+# e, f: c and d again with --alt-env on top, in the job image (--alt-container) or in a locked
+# venv (--alt-venv): an A/B of a change, side by side.
+VENV_WHEELS = "/srv/bench-wheels"
 ALT_METHODS = {"e": "launch (alt)", "f": "relaunch (alt)"}
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -384,6 +386,12 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
         testbed.down(name)
         raise
     up_s = time.monotonic() - t_up
+    if (alt_job or {}).get("venv"):
+        # The venv's wheelhouse on every node (uv's own wheel too: the nodes have no uv).
+        for node in cluster.nodes:
+            testbed.podman("exec", node.name, "mkdir", "-p", VENV_WHEELS)
+            for wheel in (work / "wheels").iterdir():
+                testbed.podman("cp", str(wheel), f"{node.name}:{VENV_WHEELS}/")
     results: list[dict] = []
     watch_res = []
     names = [node.name for node in cluster.nodes]
@@ -905,6 +913,9 @@ def main() -> int:
     p.add_argument("--alt-container", action="store_true",
                    help="e and f run the job in the testbed's job image (nodes that run podman); "
                         "c and d on the same nodes without it")
+    p.add_argument("--alt-venv", action="store_true",
+                   help="e and f run the job in a locked venv (a one-package lock from a "
+                        "wheelhouse on the nodes, the nodes' torch beneath it); c and d without")
     p.add_argument("--alt-env", action="append", default=[], metavar="K=V",
                    help="environment of methods e, f (e.g. TORCHHERD_COLLECTIONS_PATH=...)")
     p.add_argument("--separate-cores", action="store_true",
@@ -952,6 +963,9 @@ def main() -> int:
     alt_env = dict(kv.split("=", 1) for kv in args.alt_env)
     alt_job = {"container": {"image": testbed.job_images()[1], "pull": "never"}} \
         if args.alt_container else None
+    if args.alt_venv:
+        alt_job = {"venv": {"lock": "requirements.lock", "find_links": [VENV_WHEELS],
+                            "system_site_packages": True}}
     if not shutil.which("pdsh") and "b" in args.methods:
         raise SystemExit("pdsh not found: apt-get install -y pdsh")
     info = machine()
@@ -959,6 +973,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="thbench-"))
     (work / "code").mkdir()
     shutil.copy(ROOT / "examples" / "allreduce.py", work / "code" / "allreduce.py")
+    if args.alt_venv:
+        (work / "code" / "requirements.lock").write_text("thbench==1.0\n")
+        pure_wheel(work / "wheels", "thbench", "1.0", "one")
+        shutil.copy(uv_wheel(), work / "wheels")
     CP_DIR.mkdir(exist_ok=True)
     sizes = []
     out_dir = ROOT / "bench" / "results"

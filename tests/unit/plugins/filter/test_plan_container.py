@@ -59,3 +59,16 @@ def test_the_gate_names_the_node_whose_image_cannot_run_and_stays_quiet_on_its_p
     verdict = gate(*make({"a": node_facts("a"), "b": dict(sick, container=missing)},
                          container={"image": "img:1"}))
     assert "install podman or docker" in verdict["problems"][0]["fix"]
+
+
+def test_an_image_whose_python_does_not_run_says_so_in_the_images_words():
+    image = {"runtime": "podman", "path": "/usr/bin/podman", "image": "img:1", "id": "5eb7",
+             "pulled": False, "seconds": 0.1, "error": None}
+    broken = node_facts("b", container=image, torch={"version": None, "error": "exit code 125"},
+                        python={"path": "python3", "version": None,
+                                "error": "Error: runc: runc create failed"})
+    verdict = gate(*make({"a": node_facts("a"), "b": broken}, container={"image": "img:1"}))
+    problem = verdict["problems"][0]
+    assert (problem["host"], problem["check"]) == ("b", "python")
+    assert problem["expected"] == "python3 in image img:1 runs"
+    assert "podman run --rm img:1 python3 -V" in problem["fix"]

@@ -344,16 +344,22 @@ def interpreter(host, f, plan):
                          "again, or launch with fewer forks (fewer nodes import "
                          "torch at once where they share a machine or a file "
                          "system); the answer is cached once it came")]
+    image = f.get("container") or {}
+    where = f" in image {image.get('image')}" if image else ""
     if py.get("error") or not py.get("version"):
-        return [_problem(host, "python", f"{py.get('path')} runs",
-                         py.get("error") or "no version",
-                         "set torchherd_job.python to an interpreter that exists "
-                         "on every node")]
+        fix = (f"check that {image.get('runtime')} runs the image on this node "
+               f"({image.get('runtime')} run --rm {image.get('image')} {py.get('path')} -V), "
+               "or set container.python to the image's interpreter" if image else
+               "set torchherd_job.python to an interpreter that exists on every node")
+        return [_problem(host, "python", f"{py.get('path')}{where} runs",
+                         py.get("error") or "no version", fix)]
     if torch.get("error") or not torch.get("version"):
-        return [_problem(host, "torch", f"torch importable by {py.get('path')}",
-                         torch.get("error"),
-                         f"install torch for {py.get('path')} (pip install torch), "
-                         f"or set torchherd_job.python to the venv that has it")]
+        fix = ("use an image with torch, or set container.python to the image's interpreter "
+               "that has it" if image else
+               f"install torch for {py.get('path')} (pip install torch), "
+               f"or set torchherd_job.python to the venv that has it")
+        return [_problem(host, "torch", f"torch importable by {py.get('path')}{where}",
+                         torch.get("error"), fix)]
     return []
 
 

@@ -546,8 +546,9 @@ def cached_probe(python, timeout, root, max_age, driver=_UNREAD, container=None,
         py, torch = probe(python, timeout, driver, prefix)
         return py, dict(torch, cached=False)
     # One file per root; a root on a shared file system holds one entry per node.
-    name = f"{socket.gethostname()} {python}" + (f" in {container['image']}" if container
-                                                  else "")
+    name = f"{socket.gethostname()} {python}"
+    if container:
+        name += f" in {container['image']}"
     path = os.path.join(root, ".torch-probe.json")
     try:
         with open(path, encoding="utf-8") as handle:
