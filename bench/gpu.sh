@@ -7,6 +7,10 @@
 #
 #   PY=/opt/torch/.venv/bin/python bench/gpu.sh [reps] [gpus per node]
 #
+# BEFORE=<a directory holding ansible_collections/ of another version> adds a third arm to each
+# repetition, the relaunch with that collection (TORCHHERD_COLLECTIONS_PATH): before and after a
+# change, in one run.
+#
 # Needs the driver's dependencies importable by $PY (ansible-core, ansible-runner, rich, ...:
 # pip install -e . into that venv, or wheels unpacked onto PYTHONPATH) and rsync.
 set -euo pipefail
@@ -33,7 +37,7 @@ by_hand() {
 torchherd() {
   local s e rc=0
   s=$(now)
-  "$PY" -m driver launch -i "$WORK/inv.ini" --runs-dir "$WORK/runs" --code-src "$WORK/code" \
+  ${2:+env TORCHHERD_COLLECTIONS_PATH="$2"} "$PY" -m driver launch -i "$WORK/inv.ini" --runs-dir "$WORK/runs" --code-src "$WORK/code" \
     --nproc-per-node "$NPROC" --master-port 29632 --json -- allreduce.py \
     > "$WORK/th.json" 2> "$WORK/th.err" || rc=$?
   e=$(now)
@@ -56,6 +60,7 @@ EOF
   for _ in $(seq "$REPS"); do
     by_hand
     torchherd relaunch
+    if [ -n "${BEFORE:-}" ]; then torchherd before "$BEFORE"; fi
   done
 } | tee "$OUT/runs.jsonl"
 
@@ -64,13 +69,15 @@ import json, statistics, sys
 runs = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 env, runs = runs[0], runs[1:]
 print("machine:", env)
-for method in ("hand", "launch", "relaunch"):
+for method in ("hand", "launch", "relaunch", "before"):
     walls = [r["wall"] for r in runs if r["method"] == method]
     if walls:
         print(f"{method:9s} wall median {statistics.median(walls):6.2f} s  all {walls}")
-rel = [r for r in runs if r["method"] == "relaunch" and r.get("timings")]
-for key in ("launch", "preflight", "sync", "start", "first_output", "watch", "collect", "total"):
-    values = [r["timings"][key] for r in rel if key in r["timings"]]
-    if values:
-        print(f"relaunch {key:12s} median {statistics.median(values):6.2f} s")
+for method in ("relaunch", "before"):
+    rel = [r for r in runs if r["method"] == method and r.get("timings")]
+    for key in ("launch", "preflight", "sync", "start", "first_output", "watch", "collect",
+                "total"):
+        values = [r["timings"][key] for r in rel if key in r["timings"]]
+        if values:
+            print(f"{method:8s} {key:12s} median {statistics.median(values):6.2f} s")
 EOF

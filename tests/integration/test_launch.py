@@ -81,6 +81,11 @@ def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
     second = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
     assert first.ok and second.ok
     assert first.run_id != second.run_id
+    # The code on the nodes is what the controller has: the relaunch sends nothing to any of
+    # them (the nodes' own hash of their copy said so in preflight).
+    assert not second.sync or second.sync["nodes_sent_to"] == 0, second.sync
+    for host in second.hosts.values():
+        assert not host.get("sync") or not host["sync"].get("files"), host["sync"]
     # Each run keeps its own directory of logs.
     assert (tmp_path / first.run_id / "summary.json").exists()
     assert (tmp_path / second.run_id / "summary.json").exists()

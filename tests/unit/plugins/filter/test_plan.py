@@ -328,3 +328,17 @@ def test_an_absolute_script_outside_code_src_is_refused_before_any_node(tmp_path
                     code_src=str(tmp_path / "code"))
         assert f"code_src {tmp_path / 'code'} (the directory synced to the nodes), " \
                f"found {outside}; fix: put the script under code_src" in msg
+
+
+def test_the_job_reaches_the_validator_as_plain_data():
+    from ansible_collections.torchherd.cluster.plugins.filter.plan import _plain
+
+    class Tagged(str):
+        """Stands for the tagged strings Ansible hands a filter (a str subclass)."""
+
+    found = _plain({Tagged("env"): {"A": Tagged("1")}, "args": (Tagged("--x"), 2, True),
+                    "nproc_per_node": Tagged("auto"), "timeout": 1.5, "none": None})
+    assert found == {"env": {"A": "1"}, "args": ["--x", 2, True], "nproc_per_node": "auto",
+                     "timeout": 1.5, "none": None}
+    assert all(type(v) is str for v in (*found["env"], found["env"]["A"], found["args"][0]))
+    assert type(found["args"][2]) is bool and type(found["args"][1]) is int

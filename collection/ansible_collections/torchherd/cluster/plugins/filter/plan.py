@@ -219,9 +219,11 @@ _value:
       type: bool
 """
 
+import functools
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 
 import yaml
 from ansible.errors import AnsibleFilterError
@@ -241,11 +243,30 @@ _NNODES = re.compile(r"^(\d+):(\d+)$")
 DEFAULT_ROOT = "~/.torchherd"
 
 
-def job_spec():
-    """The C(main) options of the plan role's argument spec (the one definition)."""
+@functools.lru_cache(maxsize=1)
+def _spec_text():
     with open(SPEC_PATH, encoding="utf-8") as handle:
-        spec = yaml.safe_load(handle)
-    return spec["argument_specs"]["main"]["options"]
+        return handle.read()
+
+
+def job_spec():
+    """The C(main) options of the plan role's argument spec (the one definition); read once
+    per process (the plan is made more than once per launch)."""
+    return yaml.safe_load(_spec_text())["argument_specs"]["main"]["options"]
+
+
+def _plain(value):
+    """`value` as plain Python data. Ansible hands a filter its own lazy containers and tagged
+    values, which the validator deep-copies with everything they carry (origins, templating
+    state): over a second per plan where plain data takes milliseconds."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    for kind in (bool, str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
 
 
 def normalize(job):
@@ -254,7 +275,7 @@ def normalize(job):
     Role validation checks the job but hands the plan the raw values (C(firewall: "off") is a
     true string), so the plan runs the same validator to take the coerced ones. It also refuses,
     with Ansible's own words, a job that skipped validation (rolespec_validate false)."""
-    given = {k: v for k, v in job.items() if v is not None}
+    given = {k: _plain(v) for k, v in job.items() if v is not None}
     result = ArgumentSpecValidator(job_spec()).validate({"torchherd_job": given})
     if result.error_messages:
         raise AnsibleFilterError("torchherd plan: Validation of arguments failed:\n"
