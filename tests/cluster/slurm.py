@@ -101,6 +101,7 @@ def build(*, stream: bool = False) -> str:
         # and would keep the packages of an older build (the tag says that they changed).
         podman(
             "build", "--no-cache",
+            "--network", "host",  # as the node image's build (testbed._build_node_image)
             "--file", str(HERE / "Containerfile"),
             "--build-arg", f"BASE_IMAGE={base}",
             "--volume", f"{wheelhouse}:/wheelhouse:ro",

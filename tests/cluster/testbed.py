@@ -339,6 +339,9 @@ def _import_rootfs(rootfs: Path, ref: str) -> None:
 def _build_node_image(tag: str, wheelhouse: Path, *, stream: bool = False) -> None:
     podman(
         "build",
+        # The host's network for the RUN steps (apt, pip): no NAT of podman's bridge on the way,
+        # which a host whose legacy iptables nat table sits beside the nft one never applies.
+        "--network", "host",
         "--file", str(CONTAINERFILE),
         "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
         "--volume", f"{wheelhouse}:/wheelhouse:ro",
