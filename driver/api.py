@@ -234,10 +234,6 @@ def _prepare(job: dict[str, Any], runs_dir: str | Path | None, source: str,
     # file's env.
     job = validate({**base, **job, **{k: {**base[k], **job[k]} for k in job.keys() & base.keys()
                                       if isinstance(base[k], dict) and isinstance(job[k], dict)}})
-    if action == "launch" and job["restarts"] and job.get("detach"):
-        raise JobSpecError("job keys 'restarts' and 'detach': expected one of them, found "
-                           "both; a restart needs the driver's watch to see the failure, and "
-                           "a detached launch returns once the job started; fix: drop one")
     if action == "launch" and not job["script"]:
         raise JobSpecError("job key 'script': required (str); give it after -- (the CLI), in "
                            "the job file or in the inventory's torchherd_job")

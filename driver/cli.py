@@ -451,7 +451,9 @@ class Ui:
             self.say(f"  left out {host}: {why}", "yellow")
         for inc in result.incidents:
             after = inc.get("first_output_after")
-            self.say(f"  restart {inc['restart']}: {inc['kind']}"
+            self.say(f"  restart {inc['restart']}"
+                     + (" (torchrun's)" if inc.get("by") == "torchrun" else "")
+                     + f": {inc['kind']}"
                      + (f" of {inc['node']} (node_rank {inc.get('node_rank')})" if inc["node"]
                         else "")
                      + (f", replaced by {inc['replaced_by']}" if inc.get("replaced_by") else "")
@@ -479,10 +481,11 @@ def _table(result: RunResult) -> Table:
     for host, h in result.hosts.items():
         last = parse_line(host, h.get("node_rank"), result.static_nproc, h.get("last_line") or "")
         note = h.get("exception") or h.get("error") or last.short
-        style = {"succeeded": "green", "running": "cyan", "stopped": "yellow"}.get(
-            h.get("state") or "", "red")
+        style = {"succeeded": "green", "running": "cyan", "stopped": "yellow",
+                 "standby": "yellow"}.get(h.get("state") or "", "red")
         exit_code = h.get("exit_code")
-        table.add_row(escape(host), str(h.get("node_rank")), f"[{style}]{h.get('state')}[/]",
+        rank = str(h.get("node_rank")) + (" (standby)" if h.get("standby") else "")
+        table.add_row(escape(host), rank, f"[{style}]{h.get('state')}[/]",
                       "-" if exit_code is None else str(exit_code), escape(note))
     return table
 

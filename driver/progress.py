@@ -58,7 +58,7 @@ _DONE = {("torchherd.cluster.node_facts", "preflight"): "checked",
 _PASSING = ("ok", "checked", "synced")
 _STATE_STYLE = {"succeeded": "green", "running": "cyan", "failed": "red", "lost": "red",
                 "unreachable": "red", "timed_out": "red", "preflight failed": "red",
-                "left out": "yellow",
+                "left out": "yellow", "standby": "yellow",
                 "stopped": "yellow"}
 _NOTE_WIDTH = 100
 # Lines a rank or the launcher writes that are not the job's own words: Python's warnings (the

@@ -44,7 +44,9 @@ class HostResult(TypedDict, total=False):
     address: str
     nproc_per_node: int | None  # processes on this node, as preflight resolved them
     interface: dict[str, str] | None  # name, address, how: the job's traffic's interface
-    state: str  # running succeeded failed stopped timed_out lost unreachable absent unknown
+    # running succeeded failed stopped timed_out standby lost unreachable absent unknown
+    state: str
+    standby: bool  # started to wait in torchrun's rendezvous for a lost node (detached restarts)
     exit_code: int | None
     unreachable: bool
     error: str | None
@@ -52,6 +54,11 @@ class HostResult(TypedDict, total=False):
     started_at: float | None
     ended_at: float | None
     first_output_at: float | None  # when a rank of the node first wrote output
+    # Where torchrun restarts the workers itself: when each attempt started here and when its
+    # ranks first wrote output (attempt number to started_at, output_at), and whether a
+    # standby took part (null while it runs).
+    attempts: dict[str, dict[str, float | None]]
+    standby_used: bool | None
     lost_at: float | None  # when the master's gang saw the node's link close (a lost node)
     clock_offset: float | None  # seconds the node's clock is ahead of the controller's
     log: str | None  # runs/<run_id>/nodes/<host>/node.log on the controller

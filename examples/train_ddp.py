@@ -6,7 +6,9 @@ node without a shared file system. On start, the ranks agree on the newest check
 holds and the lowest rank holding it broadcasts it: a spare that took a lost node's place
 resumes with the others. This is torchherd's resume convention: after a whole-job restart (the
 job's restarts key) TORCHHERD_RESTART is 1, 2, ... and the script resumes from its own last
-checkpoint. Prints "torchherd-train start_epoch=N world_size=W restart=R" once,
+checkpoint; where the restarts are torchrun's own (a detached job), torchrun's
+TORCHELASTIC_RESTART_COUNT counts them instead, and the script does the same. Prints
+"torchherd-train start_epoch=N world_size=W restart=R" once,
 "torchherd-train epoch=E loss=L" per epoch and "torchherd-train done epochs=N weights=..." (the
 final weights, exactly) at the end (rank 0).
 """
@@ -23,6 +25,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+
+
+def restart_count() -> int:
+    """The restart this is: torchherd's whole-job restarts, or torchrun's own (detached)."""
+    return max(int(os.environ.get(name) or 0)
+               for name in ("TORCHHERD_RESTART", "TORCHELASTIC_RESTART_COUNT"))
 
 
 def say(text: str) -> None:
@@ -78,7 +86,7 @@ def main() -> int:
         start_epoch = newest + 1
     if rank == 0:
         say(f"start_epoch={start_epoch} world_size={world} "
-            f"restart={os.environ.get('TORCHHERD_RESTART', '0')}")
+            f"restart={restart_count()}")
 
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)

@@ -1,8 +1,9 @@
 """A job outlives a node: four container nodes, a three-node job, one node marked
 torchherd_spare. A node killed mid-run (its container killed, as a machine losing power) is left
 out, the spare takes its rank, and the job resumes from its last checkpoint with the same final
-weights as a run that was never interrupted. A rank raising in the job's own code restarts only
-where the job asks for it. Real SSH, real gloo, real container kills."""
+weights as a run that was never interrupted: by the driver's restart, and, for a detached job,
+by torchrun's own restart with the spare waiting in its rendezvous. A rank raising in the job's
+own code restarts only where the job asks for it. Real SSH, real gloo, real container kills."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from driver import launch, launch_async
+from driver import collect, launch, launch_async, status
 from tests.cluster import testbed
 
 pytestmark = pytest.mark.cluster
@@ -84,27 +85,42 @@ def test_an_exception_restarts_only_where_the_job_asks(cluster4, tmp_path):
     no_job_left(cluster, cluster.nodes, "raise-again")
 
 
+# The final weights of an uninterrupted run (3 nodes x 2 processes), made once for the module.
+REFERENCE: dict[str, str] = {}
+
+
+def reference_weights(cluster: testbed.Cluster, inventory: Path, runs: Path) -> str:
+    if "weights" not in REFERENCE:
+        reference = launch(train("reference", "/root/ck-reference"), inventory, runs_dir=runs)
+        assert reference.ok, reference.reason
+        REFERENCE["weights"] = final_weights(runs, "reference", cluster.nodes[0].name)
+    return REFERENCE["weights"]
+
+
+def kill_after_three_epochs(cluster: testbed.Cluster, run_id: str, index: int) -> float:
+    """Kill node `index` once the first node logged three epochs; returns when it was."""
+    deadline = time.monotonic() + 180
+    while True:
+        out = cluster.exec(cluster.nodes[0], ["cat", f"/root/.torchherd/runs/{run_id}/node.log"],
+                           check=False).stdout
+        if len(re.findall(r"torchherd-train epoch=\d+", out)) >= 3:
+            break
+        assert time.monotonic() < deadline, "three epochs never came"
+        time.sleep(0.3)
+    killed_at = time.time()
+    cluster.kill(cluster.nodes[index])
+    return killed_at
+
+
 def test_a_node_killed_mid_run_is_replaced_and_the_job_resumes(cluster4, tmp_path):
     cluster, inventory = cluster4
     names = [n.name for n in cluster.nodes]
-    reference = launch(train("reference", "/root/ck-reference"), inventory, runs_dir=tmp_path)
-    assert reference.ok, reference.reason
-    expected = final_weights(tmp_path, "reference", names[0])
+    expected = reference_weights(cluster, inventory, tmp_path)
 
     handle = launch_async(train("resume", "/root/ck-resume", restarts=1), inventory,
                           runs_dir=tmp_path)
 
-    def epochs_logged() -> int:
-        out = cluster.exec(cluster.nodes[0], ["cat", "/root/.torchherd/runs/resume/node.log"],
-                           check=False).stdout
-        return len(re.findall(r"torchherd-train epoch=\d+", out))
-
-    deadline = time.monotonic() + 180
-    while epochs_logged() < 3:
-        assert time.monotonic() < deadline, "three epochs never came"
-        time.sleep(0.3)
-    killed_at = time.time()
-    cluster.kill(cluster.nodes[1])
+    killed_at = kill_after_three_epochs(cluster, "resume", 1)
     result = handle.wait(600)
     assert result.ok, result.reason
     [incident] = result.incidents
@@ -128,3 +144,54 @@ def test_a_node_killed_mid_run_is_replaced_and_the_job_resumes(cluster4, tmp_pat
     print(f"kill to the resumed job's first output: {first - killed_at:.1f} s; "
           f"incident: {incident}")
     no_job_left(cluster, [cluster.nodes[0], cluster.nodes[2], cluster.nodes[3]], "resume")
+
+
+def test_a_detached_job_resumes_on_its_standby_without_the_controller(cluster4, tmp_path):
+    """restarts with detach: torchrun restarts the workers itself, and the spare, started with
+    the others, waits in its rendezvous and takes the killed node's place. Nothing on the
+    controller runs between the launch and the collect."""
+    cluster, _ = cluster4
+    cluster = testbed.up("resume", 4)  # every node back: the test before killed one
+    inventory = cluster.write_inventory({"node3": {"torchherd_spare": "true"}})
+    names = [n.name for n in cluster.nodes]
+    expected = reference_weights(cluster, inventory, tmp_path)
+    spec = train("standby", "/root/ck-standby", restarts=1, detach=True, rdzv="c10d",
+                 restart_on=["node_lost", "signal", "connection", "exception"])
+    launched = launch(spec, inventory, runs_dir=tmp_path)
+    assert launched.state == "running", launched.reason
+    schedule = json.loads((tmp_path / "standby" / "schedule.json").read_text())
+    assert schedule["restart"]["by"] == "torchrun" and schedule["restart"]["launcher"] == 1
+    assert schedule["restart"]["standbys"] == [names[3]]
+    assert launched.hosts[names[3]]["standby"] and launched.left_out == {}
+
+    killed_at = kill_after_three_epochs(cluster, "standby", 2)
+
+    deadline = time.monotonic() + 300
+    while True:
+        seen = status("standby", runs_dir=tmp_path)
+        if not any(h["state"] == "running" for h in seen.hosts.values()):
+            break
+        assert time.monotonic() < deadline, f"still running: {seen.reason}"
+        time.sleep(3)
+    # The killed node, seen running at the launch, does not answer now.
+    assert seen.hosts[names[2]]["state"] in ("lost", "unreachable"), seen.hosts[names[2]]
+    result = collect("standby", runs_dir=tmp_path)
+    assert result.ok, result.reason
+    states = {name: h["state"] for name, h in result.hosts.items()}
+    assert states[names[2]] in ("lost", "unreachable"), states
+    assert {states[n] for n in (names[0], names[1], names[3])} == {"succeeded"}, states
+    [incident] = result.incidents
+    assert (incident["by"], incident["kind"], incident["node"], incident["replaced_by"]) == (
+        "torchrun", "node_lost", names[2], names[3]), incident
+    assert killed_at - 1 < incident["at"] < killed_at + 30, (killed_at, incident)
+    # torchrun drops the lost node once its heartbeat lapses (about 15 s), then restarts.
+    assert 5 < incident["first_output_after"] < 120, incident
+    # Resumed by torchrun from a checkpoint, with the standby, and the weights of a run never
+    # interrupted.
+    log = (tmp_path / "standby" / "nodes" / names[0] / "node.log").read_text()
+    start = int(re.search(r"start_epoch=(\d+) world_size=6 restart=1", log).group(1))
+    assert start >= 2, log[-2000:]
+    assert final_weights(tmp_path, "standby", names[0]) == expected
+    print(f"detached: kill to the resumed job's first output: "
+          f"{incident['first_output_after']} s; incident: {incident}")
+    no_job_left(cluster, [cluster.nodes[0], cluster.nodes[1], cluster.nodes[3]], "standby")

@@ -200,14 +200,3 @@ def test_an_inventory_plugins_configuration_is_left_to_ansible_playbook(tmp_path
     source.write_text("plugin: torchherd.cluster.slurm\n")
     monkeypatch.setenv("ANSIBLE_INVENTORY_UNPARSED_FAILED", "true")
     assert inventory_job(str(source)) == ("", {})
-
-
-def test_restarts_with_detach_are_refused_before_anything_runs(tmp_path, monkeypatch):
-    from driver import api
-    from driver.spec import JobSpecError
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text("")
-    with pytest.raises(JobSpecError, match="job keys 'restarts' and 'detach': expected one"):
-        api.launch_async({"script": "train.py", "restarts": 1, "detach": True}, LOCAL)
-    assert not (tmp_path / "runs").exists()

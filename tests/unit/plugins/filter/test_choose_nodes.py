@@ -140,3 +140,45 @@ def test_the_chosen_plan_names_the_excluded_nodes_too():
     first = plan(job(node_count=2), GROUPS, hv, run_id="r1", exclude={"n0": "lost"})
     chosen = choose_nodes(first, {"problems": []}, GROUPS, hv)
     assert chosen["left_out"] == {"n0": "lost", "n3": "a spare the job did not need"}
+
+
+DETACHED = {"detach": True, "restarts": 1, "rdzv": "c10d",
+            "restart_on": ["node_lost", "connection", "exception"]}
+
+
+def test_a_detached_job_with_restarts_keeps_its_healthy_spares_as_standbys():
+    first, chosen = choose([], **DETACHED)
+    assert first["nnodes"] == "3:3" and hosts(first["spares"]) == [("n3", None)]
+    assert hosts(chosen["nodes"]) == [("n0", 0), ("n1", 1), ("n2", 2), ("n3", 3)]
+    assert [n.get("standby", False) for n in chosen["nodes"]] == [False, False, False, True]
+    # The standby is not counted: torchrun's rendezvous is full without it.
+    assert chosen["nnodes"] == "3:3" and chosen["world_size"] == 6
+    assert chosen["left_out"] == {} and chosen["spares"] == []
+
+
+def test_a_standby_is_what_is_left_after_the_spares_took_failed_places():
+    _, chosen = choose([problem("n1")], spares=("n3", "n2"), node_count=2,
+                       min_node_count=1, **DETACHED)
+    # n0 and n1 are the job's; n2 (the first spare) takes n1's place, n3 is the standby left.
+    assert hosts(chosen["nodes"]) == [("n0", 0), ("n2", 1), ("n3", 2)]
+    assert chosen["nodes"][-1]["standby"] and chosen["nnodes"] == "1:2"
+    assert chosen["left_out"] == {"n1": "torch: ModuleNotFoundError"}
+
+
+def test_without_restarts_or_detach_a_spare_not_needed_is_left_out_as_before():
+    _, chosen = choose([], detach=True, rdzv="c10d")
+    assert len(chosen["nodes"]) == 3 and not any(n.get("standby") for n in chosen["nodes"])
+    assert chosen["left_out"] == {"n3": "a spare the job did not need"}
+
+
+@pytest.mark.parametrize(("extra", "found"), [
+    ({"rdzv": "static"}, "expected launcher torchrun with rdzv c10d"),
+    ({"launcher": "accelerate"}, "found launcher accelerate with rdzv c10d"),
+    ({"restart_on": ["node_lost"]}, "job.restart_on with detach: expected it to name exception"),
+    ({"max_restarts": 3}, "job.max_restarts with detach and restarts: expected 0 or 1"),
+    ({"nnodes": "2:4"}, "job.nnodes: expected MAX 3 with detached restarts"),
+])
+def test_a_detached_job_whose_restarts_torchrun_cannot_make_is_refused(extra, found):
+    with pytest.raises(AnsibleFilterError, match=found) as raised:
+        plan(job(**{**DETACHED, **extra}), GROUPS, hostvars(), run_id="r1")
+    assert "fix:" in str(raised.value)

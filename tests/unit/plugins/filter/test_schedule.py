@@ -152,14 +152,29 @@ def test_a_live_view_never_lengthens_a_shorter_watch_interval():
     ({"restarts": 2}, 1, "launch", 1, ["node_lost", "signal", "connection"]),
     ({"restarts": 2}, 2, "launch", 0, []),
     ({"restarts": 2, "restart_on": ["exception"]}, 0, "launch", 2, ["exception"]),
-    ({"restarts": 2, "detach": True}, 0, "launch", 0, []),
     ({"restarts": 2}, 0, "verify", 0, []),
 ])
 def test_the_schedule_says_whether_a_restart_is_left(job, restart, playbook, left, on):
     p = {**planned(**job), "restart": restart}
     s = schedule(p, forks=4, playbook=playbook)
-    assert s["restart"] == {"this": restart, "left": left, "on": on, "excluded": {}}
+    assert s["restart"] == {"this": restart, "left": left, "on": on, "excluded": {},
+                            "by": "driver" if left else "none", "launcher": 0,
+                            "standbys": [], "standby_delay": 0.0}
     assert s["why"]["restart"]
+
+
+def test_a_detached_jobs_restarts_are_torchruns_with_its_standbys():
+    job = {"restarts": 2, "detach": True, "rdzv": "c10d", "nnodes": "",
+           "restart_on": ["node_lost", "exception"]}
+    p = planned(**job)
+    p["nodes"][-1] = {**p["nodes"][-1], "standby": True}
+    s = schedule(p, forks=4)
+    assert s["restart"] == {"this": 0, "left": 0, "on": ["node_lost", "exception"],
+                            "excluded": {}, "by": "torchrun", "launcher": 2,
+                            "standbys": [HOSTS[-1]], "standby_delay": 10.0}
+    assert "without a controller" in s["why"]["restart"] and HOSTS[-1] in s["why"]["restart"]
+    # Its own max_restarts is torchrun's where the driver restarts the job, or nobody does.
+    assert schedule(planned(max_restarts=3, rdzv="c10d"), 4)["restart"]["launcher"] == 3
 
 
 def test_the_schedule_says_where_the_job_runs():

@@ -533,3 +533,81 @@ def test_a_second_stopper_sends_no_second_sigterm(tmp_path):
         thread.join()
     assert log_text(paths).count("term ") == 1
     assert not job_pids(paths["dir"])
+
+
+def test_a_standby_that_never_started_workers_ends_as_standby_not_failed(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    # As torchrun that waited in the rendezvous and lost its store: no attempt directory.
+    spawn(params(standby={"delay": 0.3}), paths, python("raise SystemExit(1)"), {})
+    state = ended(paths)
+    assert (state["state"], state["exit_code"]) == ("standby", 0)
+    assert read_record(paths)["job"]["standby"] == {"used": False, "launcher_exit": 1}
+    assert "standby: the launcher starts in 0.3 s" in log_text(paths)
+    assert "standby: not needed" in log_text(paths)
+
+
+def test_a_node_of_such_a_job_that_started_workers_ends_as_any_other(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    # As torchrun whose workers ran (it made their attempt directory) and failed.
+    made = ("import os, sys; os.makedirs(os.path.join(sys.argv[1], 'r1_x', 'attempt_1', '0')); "
+            "raise SystemExit(1)")
+    spawn(params(standby={"delay": 0}), paths, python(made) + [paths["torchrun_logs"]], {})
+    state = ended(paths)
+    assert (state["state"], state["exit_code"]) == ("failed", 1)
+    assert read_record(paths)["job"]["standby"] == {"used": True, "launcher_exit": 1}
+
+
+def test_without_the_standby_option_an_error_without_workers_is_a_failure(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    spawn(params(), paths, python("raise SystemExit(1)"), {})
+    assert ended(paths)["state"] == "failed"
+    assert "standby" not in read_record(paths)["job"]
+
+
+def test_a_standby_stopped_during_its_delay_never_starts(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    marker = tmp_path / "ran"
+    spawn(params(standby={"delay": 30}), paths,
+          python(f"open({str(marker)!r}, 'w').close()"), {})
+    stop(paths, None, 1)
+    state = ended(paths)
+    assert state["state"] == "stopped" and not marker.exists()
+
+
+def test_where_torchrun_restarts_each_attempts_start_and_first_output_are_recorded(tmp_path):
+    paths = run_paths(str(tmp_path), "r1")
+    logs = Path(paths["torchrun_logs"]) / "r1_x"
+    os.makedirs(paths["dir"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+
+    def attempts_when(done):
+        deadline = time.monotonic() + 10
+        while not done(read_record(paths)["job"].get("attempts") or {}):
+            assert time.monotonic() < deadline, read_record(paths)["job"]
+            time.sleep(0.02)
+        return read_record(paths)["job"]["attempts"]
+
+    try:
+        rank = logs / "attempt_0" / "0"
+        rank.mkdir(parents=True)
+        (rank / "stdout.log").write_text("")  # made empty at the attempt's start
+        watch = threading.Thread(target=first_output, daemon=True, args=(
+            proc, paths, paths["torchrun_logs"], 0), kwargs={"attempts": True,
+                                                            "attempt_interval": 0.05})
+        watch.start()
+        # A silent attempt is seen starting before anything is said.
+        assert attempts_when(lambda a: "0" in a)["0"]["output_at"] is None
+        (rank / "stdout.log").write_text("epoch 0\n")
+        first = attempts_when(lambda a: a["0"]["output_at"])["0"]
+        assert first["output_at"] == read_record(paths)["job"]["first_output_at"]
+        restarted = time.time()
+        (logs / "attempt_1" / "0").mkdir(parents=True)
+        again = attempts_when(lambda a: "1" in a)["1"]
+        assert again["started_at"] >= restarted and again["output_at"] is None
+        (logs / "attempt_1" / "0" / "stdout.log").write_text("resumed\n")
+        assert attempts_when(lambda a: a["1"]["output_at"])["1"]["output_at"] >= restarted
+    finally:
+        proc.kill()
+        proc.wait()
+    watch.join(5)
+    assert not watch.is_alive()

@@ -88,6 +88,10 @@ def test_a_later_report_wins_per_host():
     assert newer(stopped, stale) is stopped
     assert newer(stale, stopped) is stopped
     assert newer(None, stale) is stale
+    # A node that does not answer now was lost since it was seen running, not since it ended.
+    gone = {"state": "lost", "unreachable": True, "checked_at": None}
+    assert newer(stale, gone) is gone
+    assert newer(stopped, gone) is stopped
 
 
 def test_error_file_gives_the_exception(tmp_path):
@@ -390,3 +394,52 @@ def test_a_rank_aborted_at_exit_says_so(tmp_path):
     (tmp_path / "node.log").write_text(log)
     assert failure_of(str(tmp_path))["exception"] == (
         "terminate called without an active exception; killed by SIGABRT")
+
+
+def detached(standby=True):
+    p = plan("c10d", "3:3")
+    p["nodes"].append({"host": "n3", "address": "10.0.0.3", "node_rank": 3, "standby": standby})
+    p["job"].update(detach=True, restarts=1)
+    return p
+
+
+def test_a_standby_not_needed_is_neither_a_failure_nor_a_part_of_the_result(tmp_path):
+    results = {f"n{i}": {"job_state": "succeeded", "exit_code": 0} for i in range(3)}
+    results["n3"] = {"job_state": "standby", "exit_code": 0}
+    s = summarize(str(tmp_path), detached(), results, {})
+    assert s["state"] == "succeeded" and "n3 waited as standby, not needed" in s["reason"]
+    assert s["hosts"]["n3"]["standby"] and not s["hosts"]["n0"]["standby"]
+    assert s["incidents"] == []
+    # Whichever node waited: torchrun's rendezvous takes the first nodes to join.
+    results["n1"], results["n3"] = results["n3"], results["n1"]
+    assert summarize(str(tmp_path), detached(), results, {})["state"] == "succeeded"
+
+
+def test_a_node_lost_and_the_standby_that_took_its_place_are_the_incident(tmp_path):
+    # Rank 0's node said something in each attempt; the others' ranks are silent.
+    results = {"n0": {"job_state": "succeeded", "exit_code": 0, "first_output_at": 10.0,
+                      "attempts": {"0": {"started_at": 9.0, "output_at": 10.0},
+                                   "1": {"started_at": 70.0, "output_at": 71.5}}},
+               # Its silent ranks' first words were their errors at the loss.
+               "n1": {"job_state": "succeeded", "exit_code": 0,
+                      "attempts": {"0": {"started_at": 9.0, "output_at": 50.3},
+                                   "1": {"started_at": 70.0, "output_at": None}}},
+               "n2": {"unreachable": True, "lost_at": 50.0, "error": "ssh: no route"},
+               "n3": {"job_state": "succeeded", "exit_code": 0, "standby_used": True}}
+    s = summarize(str(tmp_path), detached(), results, {})
+    assert s["state"] == "succeeded" and "n3 took the place as standby" in s["reason"]
+    assert s["incidents"] == [{
+        "restart": 1, "by": "torchrun", "at": 50.0, "kind": "node_lost", "node": "n2",
+        "node_rank": 2, "why": "ssh: no route", "replaced_by": "n3",
+        "first_output_after": 21.5}]
+    # While it runs, the standby's own attempt's output says it took part.
+    results["n3"] = {"job_state": "running",
+                     "attempts": {"0": {"started_at": 70.0, "output_at": None}}}
+    results["n0"]["job_state"] = "running"
+    assert summarize(str(tmp_path), detached(), results, {})["incidents"][0]["replaced_by"] == "n3"
+
+
+def test_a_job_whose_rendezvous_never_formed_is_a_failure_though_no_node_failed(tmp_path):
+    results = {f"n{i}": {"job_state": "standby", "exit_code": 0} for i in range(4)}
+    s = summarize(str(tmp_path), detached(), results, {})
+    assert s["state"] == "failed" and "rendezvous never formed" in s["reason"]

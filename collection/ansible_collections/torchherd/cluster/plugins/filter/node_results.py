@@ -57,6 +57,9 @@ _value:
     - Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable),
       C(error), C(last_line), C(started_at), C(ended_at), C(first_output_at), C(checked_at),
       C(clock_offset), C(logs_fetched), C(sync).
+    - Where torchrun restarts the workers itself, C(attempts) (by attempt number, when each
+      started here and when its ranks first said something) and C(standby_used) (a
+      standby's, once it ended; else null).
   type: dict
 """
 
@@ -107,10 +110,15 @@ def node_results(hosts, hostvars, nodes_dir=""):
                 break
             if res.get("failed"):
                 entry["error"] = str(res.get("msg"))[:500]
-        # When a rank first said something there (the record's; the node's clock).
-        entry["first_output_at"] = _shifted(
-            _plain(states[host]["record"].get("job")).get("first_output_at"),
-            entry["clock_offset"])
+        # When a rank first said something there (the record's; the node's clock), and in each
+        # attempt where torchrun restarts the workers itself; whether a standby took part.
+        job = _plain(states[host]["record"].get("job"))
+        entry["first_output_at"] = _shifted(job.get("first_output_at"), entry["clock_offset"])
+        entry["attempts"] = {
+            attempt: {key: _shifted(_plain(times).get(key), entry["clock_offset"])
+                      for key in ("started_at", "output_at")}
+            for attempt, times in _plain(job.get("attempts")).items()}
+        entry["standby_used"] = _plain(job.get("standby")).get("used")
         collect = _plain(hv.get("torchherd_collect_logs"))
         if "results" in collect:  # the collect role's loop: the run directory comes first
             collect = _plain((collect["results"] or [{}])[0]) or collect

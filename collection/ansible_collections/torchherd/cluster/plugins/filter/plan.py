@@ -65,6 +65,15 @@ options:
         first, and the rest are the plan's RV(_value.spares).
     type: list
     elements: str
+  standbys:
+    description:
+      - Those of O(chosen) that wait as standbys (C(torchherd.cluster.choose_nodes) keeps the
+        healthy spares left for a detached job that allows restarts, whose restarts are
+        torchrun's own). They are started with the others and are not counted in C(nnodes) or
+        the world size.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -143,6 +152,11 @@ _value:
               choose it by the route to the master address.
           type: str
           sample: ib0
+        standby:
+          description:
+            - Only on a standby (O(standbys)) - true. torchrun's elastic rendezvous holds it
+              back while the job has its nodes, and takes it in when a restart finds one lost.
+          type: bool
         firewall:
           description: The node's firewall settings, the job's unless the node sets C(torchherd_firewall_*) itself.
           type: dict
@@ -172,7 +186,10 @@ _value:
               description: Whether changing the firewall uses become (C(torchherd_firewall_become), default true).
               type: bool
     nnodes:
-      description: Number of nodes (C(MIN:MAX) for elastic jobs).
+      description:
+        - Number of nodes (C(MIN:MAX) for elastic jobs), standbys not counted.
+        - A detached job that allows restarts has C(MIN:MAX) from its C(min_node_count) and its
+          nodes, so that torchrun's rendezvous is full without the standbys.
       type: str
     nproc_per_node:
       description: Processes per node, or C(auto) until preflight resolves it; null when the
@@ -198,7 +215,8 @@ _value:
       type: dict
     left_out:
       description: Only after C(torchherd.cluster.choose_nodes) - each candidate left out and
-        why (its preflight problems, or a spare not needed).
+        why (its preflight problems, or a spare not needed; a detached job that allows
+        restarts keeps its healthy spares as standbys instead).
       type: dict
     master:
       description: C(host), C(addr) and C(port) of the rendezvous master.
@@ -490,10 +508,12 @@ def healthy_choice(plan_, gate_):
     master = (plan_["job"].get("master") or "")
     if len(chosen) < plan_.get("min_nodes", len(nodes)) or (master and master not in chosen):
         return None
+    # A detached job's restarts are torchrun's: the healthy spares left wait in its rendezvous.
+    standbys = healthy if standby_mode(plan_["job"]) else []
     left_out = {h: "; ".join(problems[h]) for h in nodes + spares if h in problems}
     left_out.update({h: "a spare the job did not need" for h in spares
-                     if h not in chosen and h not in problems})
-    return chosen, left_out
+                     if h not in chosen and h not in problems and h not in standbys})
+    return chosen + standbys, left_out, standbys
 
 
 def choose_nodes(plan_, gate_, groups, hostvars):
@@ -508,11 +528,11 @@ def choose_nodes(plan_, gate_, groups, hostvars):
     choice = healthy_choice(plan_, gate_)
     if choice is None:
         return plan_
-    chosen, left_out = choice
+    chosen, left_out, standbys = choice
     # The plan's own job (normalized; secret values redacted, which no node-derived value
     # reads). The script was checked by the first plan; it is the same job.
     again = plan(plan_["job"], groups, hostvars, run_id=plan_["run_id"], playbook="verify",
-                 chosen=chosen)
+                 chosen=chosen, standbys=standbys)
     result = dict(plan_)
     result.update({key: again[key] for key in ("nodes", "nnodes", "nproc_per_node",
                                                "world_size", "master", "barrier")})
@@ -520,12 +540,48 @@ def choose_nodes(plan_, gate_, groups, hostvars):
     return result
 
 
-def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclude=None):
+def standby_mode(job):
+    """Whether the job's restarts are torchrun's own, on the nodes (a detached job that allows
+    restarts): the spares then wait in its elastic rendezvous as standbys (see the schedule's
+    restart.by)."""
+    return bool(job.get("detach")) and int(job.get("restarts") or 0) > 0
+
+
+def _standby_problems(merged):
+    """Why a detached job with restarts cannot have them on its nodes (torchrun's elastic
+    restarts, which need no controller), or nothing."""
+    if not standby_mode(merged):
+        return []
+    problems = []
+    fix = "; fix: {}, or launch without detach (the driver's watch then restarts the job)"
+    if merged["launcher"] != "torchrun" or merged["rdzv"] != "c10d":
+        problems.append(
+            f"job.restarts with detach: expected launcher torchrun with rdzv c10d (a detached "
+            f"job's restarts are torchrun's own elastic restarts, whose rendezvous takes a "
+            f"standby spare in), found launcher {merged['launcher']} with rdzv {merged['rdzv']}"
+            + fix.format("set rdzv: c10d"))
+    if "exception" not in (merged.get("restart_on") or []):
+        problems.append(
+            f"job.restart_on with detach: expected it to name exception too (torchrun restarts "
+            f"its workers after any failure, an exception of the job's own code included, and "
+            f"cannot tell the kinds apart), found {', '.join(merged.get('restart_on') or [])}"
+            + fix.format("add exception to restart_on"))
+    if merged["max_restarts"] not in (0, merged["restarts"]):
+        problems.append(
+            f"job.max_restarts with detach and restarts: expected 0 or {merged['restarts']} "
+            f"(torchrun's restarts are the job's restarts then), found {merged['max_restarts']}"
+            + fix.format("drop max_restarts"))
+    return problems
+
+
+def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclude=None,
+         standbys=()):
     """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem.
 
     ``run_id`` is the one the plan role generates for a job that names none: the filter
     stays pure (no clock, no randomness). ``chosen`` (from C(choose_nodes)) names the nodes of
-    the job, in rank order, after preflight took healthy ones for unhealthy ones."""
+    the job, in rank order, after preflight took healthy ones for unhealthy ones, and
+    ``standbys`` those of them that wait as standbys (the last ones)."""
     if not isinstance(job, dict):
         raise AnsibleFilterError(
             f"torchherd_job: expected a dict (the job spec), found {type(job).__name__}"
@@ -604,7 +660,13 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
         problems.append(f"job.master: expected one of the nodes ({', '.join(nodes)}), found "
                         f"{master!r}; fix: name a host of group '{group}' or leave it empty")
 
-    nnodes = str(len(nodes))
+    standbys = [n for n in standbys if n in nodes]
+    working = [n for n in nodes if n not in standbys]  # the nodes the job's world counts
+    problems += _standby_problems(merged)
+    nnodes = str(len(working))
+    if standby_mode(merged):
+        # torchrun's rendezvous takes up to the job's nodes; a standby waits for a lost one.
+        nnodes = f"{min(len(working), merged['min_node_count'] or len(working))}:{len(working)}"
     if merged["nnodes"]:
         match = _NNODES.match(merged["nnodes"].strip())
         if merged["rdzv"] != "c10d":
@@ -614,9 +676,13 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
         elif not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
             problems.append(f"job.nnodes: expected MIN:MAX with 1 <= MIN <= MAX, found "
                             f"{merged['nnodes']!r}; fix: e.g. nnodes: '2:{len(nodes) or 3}'")
-        elif int(match.group(2)) < len(nodes) or int(match.group(1)) > len(nodes):
-            problems.append(f"job.nnodes: expected MIN <= {len(nodes)} nodes <= MAX, found "
+        elif int(match.group(2)) < len(working) or int(match.group(1)) > len(working):
+            problems.append(f"job.nnodes: expected MIN <= {len(working)} nodes <= MAX, found "
                             f"{merged['nnodes']!r}; fix: widen the range or change the group")
+        elif standby_mode(merged) and int(match.group(2)) != len(working):
+            problems.append(f"job.nnodes: expected MAX {len(working)} with detached restarts "
+                            f"(a standby waits only while the rendezvous is full), found "
+                            f"{merged['nnodes']!r}; fix: drop nnodes (min_node_count sets MIN)")
         else:
             nnodes = f"{int(match.group(1))}:{int(match.group(2))}"
 
@@ -712,7 +778,9 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
                 "nproc_per_node": nprocs[h],
                 "interface": str(hvs[h].get("torchherd_socket_ifname")
                                  or merged["socket_ifname"] or ""),
-                "firewall": firewalls[h]}
+                "firewall": firewalls[h],
+                # Started as the others, it waits in torchrun's rendezvous for a lost node.
+                **({"standby": True} if h in standbys else {})}
 
     return {
         "run_id": run_id,
@@ -725,12 +793,12 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
         # Candidates preflight checks beside the nodes; C(choose_nodes) puts the first healthy
         # ones in the place of nodes that failed it. Empty where the job takes every node.
         "spares": [entry(h, None) for h in spares],
-        "min_nodes": min(len(nodes), merged["min_node_count"] or len(nodes)),
+        "min_nodes": min(len(working), merged["min_node_count"] or len(working)),
         # Nodes this launch leaves out from the start, and why (the driver's restart).
         "excluded": {h: str(why) for h, why in exclude.items() if h in candidates},
         "nnodes": nnodes,
         "nproc_per_node": uniform[0] if len(uniform) == 1 else None,
-        "world_size": None if "auto" in uniform else sum(nprocs[h] for h in nodes),
+        "world_size": None if "auto" in uniform else sum(nprocs[h] for h in working),
         "master": {"host": master,
                    "addr": merged["master_addr"] or addresses[master],
                    "port": port},

@@ -147,6 +147,28 @@ _value:
         excluded:
           description: The nodes this launch left out, and why (the plan's C(excluded)).
           type: dict
+        by:
+          description:
+            - Who restarts the job after a failure - C(driver) (the driver's watch sees the
+              failure and launches the run again without the failed node), C(torchrun) (a
+              detached job that allows restarts - torchrun's elastic rendezvous restarts the
+              workers on every node without a controller, and takes in a standby for a lost
+              node), or C(none).
+          type: str
+          choices: [driver, torchrun, none]
+        launcher:
+          description: The worker-group restarts torchrun itself makes (its C(--max-restarts)) -
+            the job's C(restarts) where C(by) is C(torchrun), else its C(max_restarts).
+          type: int
+        standbys:
+          description: The nodes started to wait in torchrun's rendezvous for a lost node (the
+            plan's standbys); empty unless C(by) is C(torchrun).
+          type: list
+          elements: str
+        standby_delay:
+          description: Seconds a standby's launcher starts after the barrier, so that the
+            job's own nodes fill torchrun's rendezvous first (0 without standbys).
+          type: float
     venv:
       description: Where the job's locked venv is made or found - C(facts) (each node, in
         preflight's facts call, before its Python is read), or C(none) without a lock.
@@ -179,6 +201,13 @@ def _needs_every_node(plan, playbook):
     if int(job.get("hang_timeout") or 0) > 0:
         needs.append("the hang watch (hang_timeout)")
     return needs
+
+
+# How long a standby's launcher waits after the barrier's go: torchrun's rendezvous takes the
+# first nodes to join, and a standby that joined before a node of the job would leave that node
+# waiting in its place (correct, but not the plan's). Importing torch takes seconds on a busy
+# node; a standby loses nothing by waiting.
+STANDBY_DELAY = 10.0
 
 
 def schedule(plan, forks, playbook="launch", progress_every=0):
@@ -270,11 +299,25 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
     allowed = int(job.get("restarts") or 0)
     this = int(plan.get("restart") or 0)
     left = 0 if detach or playbook != "launch" else max(0, allowed - this)
+    on_nodes = detach and allowed > 0 and playbook == "launch"
+    standbys = [node["host"] for node in plan["nodes"] if node.get("standby")]
     restart = {"this": this, "left": left,
-               "on": list(job.get("restart_on") or []) if left else [],
-               "excluded": dict(plan.get("excluded") or {})}
+               "on": list(job.get("restart_on") or []) if left or on_nodes else [],
+               "excluded": dict(plan.get("excluded") or {}),
+               "by": "torchrun" if on_nodes else "driver" if left else "none",
+               "launcher": allowed if on_nodes else int(job.get("max_restarts") or 0),
+               "standbys": standbys if on_nodes else [],
+               "standby_delay": STANDBY_DELAY if on_nodes and standbys else 0.0}
     if playbook != "launch":
         why["restart"] = "verify starts no job"
+    elif on_nodes:
+        why["restart"] = (
+            f"detached with restarts {allowed}: torchrun restarts the workers on every node "
+            f"after any failure (its --max-restarts), without a controller; its rendezvous "
+            f"takes in a standby for a lost node ("
+            + (", ".join(standbys) + f", started {STANDBY_DELAY:g} s after the others"
+               if standbys else "none: the job goes on with fewer nodes where min_node_count "
+               "allows") + "); the master node hosts the rendezvous and cannot be lost")
     elif detach:
         why["restart"] = "detached: nothing watches the job to see it fail"
     elif not allowed:

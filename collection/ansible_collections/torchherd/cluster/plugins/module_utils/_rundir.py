@@ -29,6 +29,8 @@ def run_paths(root, run_id):
         "exit_code": os.path.join(run_dir, "exit_code"),
         "stopped": os.path.join(run_dir, "stopped"),
         "timed_out": os.path.join(run_dir, "timed_out"),
+        # Written where the node waited as a standby the job did not need (_supervisor).
+        "standby": os.path.join(run_dir, "standby"),
         "log": os.path.join(run_dir, "node.log"),
         "cmd": os.path.join(run_dir, "cmd.json"),
         "env": os.path.join(run_dir, "env.json"),
@@ -115,7 +117,8 @@ def _alive(pid_file):
 
 
 def read_state(paths):
-    """State of the job on this node: absent, running, succeeded, failed, stopped, timed_out, lost."""
+    """State of the job on this node: absent, running, succeeded, failed, stopped, timed_out,
+    standby (it waited for a lost node the job did not lose), lost."""
     pid_text = read_text(paths["pid"])
     if pid_text is None:
         # A start in the background: its supervisor waits at the barrier before the launcher.
@@ -131,6 +134,8 @@ def read_state(paths):
             state = "stopped"
         elif os.path.exists(paths["timed_out"]):
             state = "timed_out"
+        elif os.path.exists(paths["standby"]):
+            state = "standby"
         else:
             state = "succeeded" if code == 0 else "failed"
         return {"state": state, "pid": pid, "exit_code": code}

@@ -7,7 +7,9 @@ Sections, and who writes them (nobody else does):
 
 - job: the start (started_at, pid, restart: the whole-job restart it is), the supervisor
   when a rank first wrote output (first_output_at) and at the launcher's end (exit_code,
-  ended_at), stop (stopped_at, killed).
+  ended_at; standby where the job's restarts are torchrun's: used, launcher_exit; attempts
+  where torchrun restarts the workers: started_at, output_at of each), stop (stopped_at,
+  killed).
 - barrier: the start, where the barrier ran in its call, or the supervisor, where it ran in the
   background (where, go, and what the barrier saw: served, expect, error).
 - gang: the master's supervisor (joined, expected, lost, lost_at, error).

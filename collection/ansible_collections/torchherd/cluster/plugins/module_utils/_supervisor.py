@@ -182,6 +182,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
     meta = dict(p["meta"], started_at=started_at)
     if p["wrapper"]:
         meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop)
+    if p.get("standby") is not None:
+        meta["standby"] = {"delay": float(p["standby"].get("delay") or 0)}  # see _standby_end
     if p.get("container"):
         # Stop removes the container too (see _stop), whatever ended its processes.
         meta["container"] = {
@@ -200,13 +202,16 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
         if os.fork() == 0:
             _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting,
                        dict(close, run_id=p["run_id"]) if close else None,
-                       LAUNCHERS[p["launcher"]].rank_logs(p), secrets)
+                       LAUNCHERS[p["launcher"]].rank_logs(p), secrets,
+                       restarts=p["max_restarts"] > 0)
         os._exit(0)
     os.waitpid(first, 0)
     if gang and gang.get("sock") is not None:
         gang["sock"].close()  # the supervisor's now
-    # In the background the barrier may take its whole window: the supervisor is the job then.
-    wanted = paths["supervisor"] if background else paths["pid"]
+    # In the background the barrier may take its whole window, and a standby waits its delay:
+    # the supervisor is the job then.
+    later = background or float((p.get("standby") or {}).get("delay") or 0) > 0
+    wanted = paths["supervisor"] if later else paths["pid"]
     deadline = time.monotonic() + 10
     while read_text(wanted) is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -287,7 +292,7 @@ def _join(m, sock, port, stop, paths):
 
 
 def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, rank_logs=True,
-               stdin=None):
+               stdin=None, restarts=False):
     """Runs in the detached grandchild: (the barrier and the gang, in the background), start
     torchrun, wait, (remove the firewall rules the start opened), write the exit code.
     `stdin`: what the launcher reads first on its standard input (the secrets, for a launcher
@@ -328,6 +333,15 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
             gang, why = _meet(meeting, paths, stop_here)
             if gang is None or os.path.exists(paths["stopped"]):
                 raise _CalledOff(why or "stopped before the start")
+        standby = load_json(paths["meta"], {}).get("standby")
+        if standby and standby["delay"] > 0:
+            _say(f"standby: the launcher starts in {standby['delay']:g} s, once the job's nodes "
+                 f"have joined torchrun's rendezvous; it waits there for a node the job loses")
+            until = time.monotonic() + standby["delay"]
+            while time.monotonic() < until and not os.path.exists(paths["stopped"]):
+                time.sleep(0.1)
+            if os.path.exists(paths["stopped"]):
+                raise _CalledOff("stopped before the start")
         said_before = os.fstat(1).st_size  # the node log: what follows is the launcher's
         proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
                                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -340,8 +354,10 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
                 pass  # the launcher is gone already: its exit code says why
         running["proc"] = proc
         write_atomic(paths["pid"], f"{proc.pid} {proc_start_time(proc.pid)}")
+        # Where torchrun restarts the workers itself, each attempt's first output too.
         running["first_output"] = threading.Thread(target=first_output, daemon=True, args=(
-            proc, paths, paths["torchrun_logs"] if rank_logs else None, said_before))
+            proc, paths, paths["torchrun_logs"] if rank_logs else None, said_before),
+            kwargs={"attempts": restarts})
         running["first_output"].start()
         # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
         if gang is not None and meeting.get("watch_workers") and WORKER_WATCH:
@@ -369,6 +385,7 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
             code = running["worker_code"]  # the launcher was ended after its worker failed
         if running.get("first_output"):
             running["first_output"].join(2)  # its last look, after the launcher's end
+        code = _standby_end(paths, code)
         if close is not None:
             _close_rules(close, paths)
         _remove_container(paths)
@@ -388,36 +405,99 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
         os._exit(0)
 
 
-def first_output(proc, paths, rank_logs, log_before, interval=0.1):
+def workers_started(torchrun_logs):
+    """Whether torchrun started workers here: it makes an attempt_<n> directory for their
+    logs each time it starts them, after its rendezvous."""
+    return any(name.startswith("attempt_") for _top, dirs, _files in os.walk(torchrun_logs)
+               for name in dirs)
+
+
+def _standby_end(paths, code):
+    """The exit code the node reports, for a job whose restarts are torchrun's (meta's
+    standby). A node whose launcher ended without ever starting workers waited in torchrun's
+    rendezvous as a standby the job did not need: torchrun ends it with an error once the
+    rendezvous closes or its master is gone. That end is recorded (the "standby" file, and the
+    record's job.standby with the launcher's own code) and reported as 0: no failure for
+    the gang or the summary. A stopped node stays stopped."""
+    meta = load_json(paths["meta"], {})
+    if meta.get("standby") is None or os.path.exists(paths["stopped"]):
+        return code
+    used = workers_started(paths["torchrun_logs"])
+    record(paths, "job", standby={"used": used, "launcher_exit": code})
+    if used or code == 0:
+        return code
+    _say(f"standby: not needed (the launcher ended with exit code {code} without starting "
+         f"workers: the job's rendezvous closed)")
+    write_atomic(paths["standby"], f"{time.time()}\n")
+    return 0
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _attempts(rank_logs):
+    """{attempt number: whether a rank wrote output in it} of the attempt_<n> directories
+    (torchrun starts the workers anew in each, and makes the directory as it does)."""
+    found = {}
+    for top, _dirs, names in os.walk(rank_logs):
+        parts = os.path.relpath(top, rank_logs).split(os.sep)
+        attempt = next((p for p in parts if p.startswith("attempt_")), None)
+        if attempt and attempt[8:].isdigit():
+            number = int(attempt[8:])
+            found[number] = found.get(number, False) or any(
+                name.endswith(".log") and _size(os.path.join(top, name)) > 0 for name in names)
+    return found
+
+
+def first_output(proc, paths, rank_logs, log_before, interval=0.1, attempts=False,
+                 attempt_interval=1.0):
     """Records in the run-state record when the job first said something on this node (its
     time to first output): the first byte in a rank's own log file where the launcher writes
     them (rank_logs: torchrun, accelerate), else the node log's growth past `log_before`, its
     size at the start (DeepSpeed's launcher writes no per-rank files, so its own first line
     counts). Polls until then or until the launcher ends: a stat of a few small files, ten
-    times a second."""
-    def size(path):
-        try:
-            return os.path.getsize(path)
-        except OSError:
-            return 0
+    times a second.
 
+    `attempts` (torchrun restarts its workers itself): it then looks until the launcher ends,
+    once a second after the first output, and records when each attempt started here and when
+    its ranks first said something (job.attempts: attempt number to started_at, output_at),
+    which dates the restarted job's first output."""
+    said_at = None
+    seen = {}
     while True:
         # Whether it had ended before the look: output written before its end is seen.
         ended = proc.poll() is not None
-        if rank_logs is None:
-            said = size(paths["log"]) > log_before
-        else:
-            said = any(size(os.path.join(top, name)) > 0
-                       for top, _dirs, names in os.walk(rank_logs) for name in names
-                       if name.endswith(".log"))
-        if said:
-            record(paths, "job", first_output_at=time.time())
+        now = time.time()
+        if said_at is None:
+            if rank_logs is None:
+                said = _size(paths["log"]) > log_before
+            else:
+                said = any(_size(os.path.join(top, name)) > 0
+                           for top, _dirs, names in os.walk(rank_logs) for name in names
+                           if name.endswith(".log"))
+            if said:
+                said_at = now
+                record(paths, "job", first_output_at=now)
+        if attempts and rank_logs is not None:
+            changed = False
+            for number, spoke in _attempts(rank_logs).items():
+                if str(number) not in seen:
+                    seen[str(number)] = {"started_at": now, "output_at": None}
+                    changed = True
+                entry = seen[str(number)]
+                if spoke and entry["output_at"] is None:
+                    entry["output_at"], changed = now, True
+            if changed:
+                record(paths, "job", attempts={k: dict(v) for k, v in seen.items()})
+        elif said_at is not None:
             return
         if ended:
             return
-        time.sleep(interval)
-
-
+        time.sleep(interval if said_at is None else attempt_interval)
 def _remove_container(paths):
     """The job's container goes with the job (the runtime removes it on its own unless its
     processes were killed from outside)."""

@@ -233,6 +233,22 @@ options:
     type: list
     elements: str
     default: []
+  standby:
+    description:
+      - Set on every node of a job whose restarts are torchrun's own (a detached job that
+        allows restarts, O(rdzv=c10d)), where spares wait in torchrun's rendezvous as standbys.
+      - A node whose launcher ends without having started workers waited there and was not
+        needed (torchrun ends it with an error once the job's rendezvous closes or its master
+        is gone). Its end is the state C(standby), exit code 0 for the gang and the summary,
+        and the launcher's own code is in the run-state record (C(job.standby)). A node that
+        started workers, or was stopped, ends as any other.
+    type: dict
+    suboptions:
+      delay:
+        description: Seconds the launcher starts after the barrier (a standby, so that the
+          job's own nodes fill the rendezvous first).
+        type: float
+        default: 0
   container:
     description:
       - The job's image, as M(torchherd.cluster.node_facts) found it on this node (its
@@ -425,7 +441,7 @@ job_state:
   returned: always
   type: str
   sample: running
-  choices: [absent, running, succeeded, failed, stopped, timed_out, lost]
+  choices: [absent, running, succeeded, failed, stopped, timed_out, standby, lost]
 exit_code:
   description: torchrun's exit code once it ended (negative for a signal), else null.
   returned: always
@@ -837,6 +853,9 @@ def main():
             grace=dict(type="float", default=10),
             meta=dict(type="dict", default={}),
             wrapper=dict(type="list", elements="str", default=[]),
+            standby=dict(type="dict", options=dict(
+                delay=dict(type="float", default=0),
+            )),
             container=dict(type="dict", options=dict(
                 runtime=dict(type="str", required=True, choices=["podman", "docker"]),
                 path=dict(type="path", required=True),

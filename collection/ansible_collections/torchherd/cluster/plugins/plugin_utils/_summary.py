@@ -308,10 +308,19 @@ def phase_timings(started_at, marks, launched_at=None, first_output_at=None):
     return timings
 
 
+_ENDED = ("succeeded", "failed", "stopped", "timed_out", "standby")
+
+
 def newer(old, new):
     """Of two reports on one host, the one read later on that node's clock: a status that
-    looked before a stop must not overwrite the stop's result when it finishes after it."""
-    if old and old.get("checked_at") and (new.get("checked_at") or 0) < old["checked_at"]:
+    looked before a stop must not overwrite the stop's result when it finishes after it. A node
+    that did not answer now has no clock to compare: its report wins over one that saw the
+    job running (the node was lost since), not over one that saw the job's end there."""
+    if not old or not old.get("checked_at"):
+        return new
+    if new.get("unreachable") and not new.get("checked_at"):
+        return old if old.get("state") in _ENDED else new
+    if (new.get("checked_at") or 0) < old["checked_at"]:
         return old
     return new
 
@@ -347,6 +356,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
             state = "lost"
         entry = {
             "node_rank": node["node_rank"], "address": node["address"], "state": state,
+            # Started to wait in torchrun's rendezvous for a lost node (the plan's standbys).
+            "standby": bool(node.get("standby")),
             # What preflight resolved for the node: its processes and its job's interface.
             "nproc_per_node": (plan.get("nprocs") or {}).get(host, node.get("nproc_per_node")),
             "interface": (plan.get("interfaces") or {}).get(host),
@@ -354,6 +365,10 @@ def summarize(run_dir, plan, results, marks, previous=None):
             "error": res.get("error"), "last_line": res.get("last_line") or "",
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
             "first_output_at": res.get("first_output_at"),
+            "standby_used": res.get("standby_used"),
+            # Where torchrun restarts the workers itself: when each attempt started here, and
+            # when its ranks first said something.
+            "attempts": res.get("attempts") or {},
             "lost_at": res.get("lost_at"),
             "checked_at": res.get("checked_at"), "clock_offset": res.get("clock_offset"),
             "log": os.path.join(node_dir, "node.log") if os.path.exists(
@@ -387,10 +402,14 @@ def summarize(run_dir, plan, results, marks, previous=None):
             entry.update(failure_of(node_dir))
         hosts[host] = newer(previous.get(host), entry)
 
-    states = [h["state"] for h in hosts.values()]
+    # A node that waited as a standby and was not needed (its end, whichever node it was):
+    # neither a failure nor a part of the job's result.
+    waited = [name for name, h in hosts.items() if h["state"] == "standby"]
+    states = [h["state"] for name, h in hosts.items() if name not in waited]
     bad = [(name, h) for name, h in hosts.items() if h["state"] in _BAD + ("unreachable",)]
     lost = [name for name, h in bad if h["state"] in ("lost", "unreachable")]
     done = [name for name, h in hosts.items() if h["state"] == "succeeded"]
+    working = len(hosts) - len(waited)
     job = plan.get("job") or {}
     minimum = int(str(plan.get("nnodes") or len(hosts)).split(":", 1)[0])
     cause = None  # the node a failure is laid to (the root cause the reason names)
@@ -403,11 +422,14 @@ def summarize(run_dir, plan, results, marks, previous=None):
                   + ("; the job was stopped" if hang["stopped"] else
                      "; the job is left running (stop it with the run id)"))
     elif (job.get("rdzv") == "c10d" and bad and len(lost) == len(bad)
-            and len(done) == len(hosts) - len(lost) and len(done) >= minimum):
+            and len(done) == working - len(lost) and len(done) >= minimum):
         # Elastic: torchrun re-formed the group without the lost nodes and finished.
         overall = "succeeded"
         reason = (f"succeeded on {len(done)} of {len(hosts)} nodes after losing "
                   f"{', '.join(lost)} (elastic, minimum {minimum})")
+        took = [n for n in done if hosts[n]["standby"]]
+        if took:
+            reason += f"; {', '.join(took)} took the place as standby"
     elif bad:
         overall = "failed"
         # A lost node is the root cause (its peers fail because of it); otherwise the node
@@ -426,8 +448,13 @@ def summarize(run_dir, plan, results, marks, previous=None):
             rank = f" rank {h['failing_rank']}" if h["failing_rank"] is not None else ""
             reason = (f"node {name} (node_rank {h['node_rank']}){rank}: "
                       f"{h['exception'] or 'exit code ' + str(h['exit_code'])}")
+    elif waited and not states:
+        overall = "failed"
+        reason = ("no node started the job's workers: torchrun's rendezvous never formed "
+                  "(see the nodes' logs)")
     elif states and all(s == "succeeded" for s in states):
-        overall, reason = "succeeded", "every node exited 0"
+        overall, reason = "succeeded", "every node exited 0" + (
+            f" ({', '.join(waited)} waited as standby, not needed)" if waited else "")
     elif any(s == "running" for s in states):
         overall, reason = "running", "the job is running"
     elif states and all(s in ("stopped", "succeeded") for s in states):
@@ -456,7 +483,35 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "preflight_warnings": plan.get("preflight_warnings") or [],
         # The nodes preflight left out where the inventory held spares, and why.
         "left_out": {**(plan.get("excluded") or {}), **(plan.get("left_out") or {})},
+        **({"incidents": standby_incidents(hosts)} if job.get("detach") and int(
+            job.get("restarts") or 0) else {}),
     }
+
+
+def standby_incidents(hosts):
+    """The incidents of a job whose restarts are torchrun's (a detached job that allows
+    restarts), as its nodes' ends show them: each lost node, in the order the master's gang
+    lost them, with the standby that took its place (one that started workers: its record
+    says so once it ended, its attempts while it runs), and the time from the loss to the
+    first output of an attempt begun after it on any node; the driver's incidents' keys."""
+    lost = sorted((h.get("lost_at") or h.get("ended_at") or float("inf"), name)
+                  for name, h in hosts.items() if h["state"] in ("lost", "unreachable"))
+    took = sorted(name for name, h in hosts.items() if h["standby"] and (
+        h.get("standby_used") or (h.get("standby_used") is None and h["attempts"])))
+    incidents = []
+    for number, (at, name) in enumerate(lost, start=1):
+        at = None if at == float("inf") else at
+        # The first output of an attempt that started after the loss, on any node (the ranks
+        # of an attempt running at the loss say their errors then).
+        after = min((a["output_at"] for h in hosts.values() for a in h["attempts"].values()
+                     if at is not None and a.get("output_at") is not None
+                     and (a.get("started_at") or 0) > at), default=None)
+        incidents.append({
+            "restart": number, "by": "torchrun", "at": at, "kind": "node_lost", "node": name,
+            "node_rank": hosts[name]["node_rank"], "why": hosts[name].get("error") or "lost",
+            "replaced_by": took[number - 1] if number <= len(took) else None,
+            "first_output_after": round(after - at, 3) if after is not None else None})
+    return incidents
 
 
 def _failed_before_stop(node_dir):
@@ -483,6 +538,8 @@ def _ended_state(node_dir):
         return "stopped"
     if os.path.exists(os.path.join(node_dir, "timed_out")):
         return "timed_out"
+    if os.path.exists(os.path.join(node_dir, "standby")):
+        return "standby"
     return "succeeded" if int(code) == 0 else "failed"
 
 
@@ -561,7 +618,8 @@ def table(summary):
     rows = [["node", "rank", "state", "exit", "logs", "last line / error"]]
     for name, h in summary["hosts"].items():
         note = h["exception"] or h["error"] or h["last_line"]
-        rows.append([name, str(h["node_rank"]), h["state"],
+        rows.append([name, str(h["node_rank"]) + (" (standby)" if h.get("standby") else ""),
+                     h["state"],
                      "-" if h["exit_code"] is None else str(h["exit_code"]),
                      "yes" if h["logs_fetched"] else "no", (note or "")[:100]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
