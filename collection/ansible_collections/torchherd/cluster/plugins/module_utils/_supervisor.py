@@ -498,6 +498,8 @@ def first_output(proc, paths, rank_logs, log_before, interval=0.1, attempts=Fals
         if ended:
             return
         time.sleep(interval if said_at is None else attempt_interval)
+
+
 def _remove_container(paths):
     """The job's container goes with the job (the runtime removes it on its own unless its
     processes were killed from outside)."""
