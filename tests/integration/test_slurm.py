@@ -260,3 +260,51 @@ def test_other_launchers_run_as_steps_of_the_job(slurm, launcher, script, line):
     assert seen == dict(enumerate(allocated)), output
     for node in slurm.nodes:
         assert leftovers(slurm, node) == [], node.name
+
+
+def test_a_node_lost_in_the_allocation_is_left_out_and_the_job_resumes_on_its_spare(slurm):
+    """sbatch -N 4 of a 3-node job with a restart: the fourth node of the allocation is the
+    spare. A node killed mid-run (its container, as a machine losing power) is left out of the
+    relaunch, the spare takes its rank, the job resumes from its checkpoint, and the allocation
+    lives on (the template's --no-kill). Last in this module: it leaves a node dead."""
+    job_id = slurm.sbatch([
+        "--nodes=4", "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
+        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1", "--node-count", "3",
+        "--restarts", "1", "--", "train_ddp.py", "--epochs", "8", "--epoch-seconds", "1",
+        "--ckpt-dir", "/root/ck-slurm",
+    ], env=TEMPLATE_ENV)  # fmt: skip
+    slurm.wait_job(job_id, ["RUNNING"], timeout=60)
+    allocated = slurm.job_nodes(job_id)
+    run_dir = f"/root/.torchherd/runs/slurm-{job_id}"
+
+    def three_epochs():
+        if slurm.job_state(job_id) != "RUNNING":
+            output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"])
+            raise AssertionError(f"job {job_id} ended early:\n{output.stdout}")
+        log = slurm.exec(allocated[0], ["cat", f"{run_dir}/node.log"], check=False).stdout
+        return len(re.findall(r"torchherd-train epoch=\d+", log)) >= 3
+
+    wait_for(three_epochs, 180, "three epochs")
+    lost = next(node for node in slurm.nodes if node.name == allocated[1])
+    slurm.kill(lost)
+    # The batch script's end: SLURM keeps the job COMPLETING until it hears from the dead
+    # node or marks it DOWN (SlurmdTimeout, 300 s by default), COMPLETED after.
+    state = slurm.wait_job(job_id, ["COMPLETING", "COMPLETED", "FAILED", "NODE_FAIL",
+                                    "CANCELLED"], timeout=300)
+    output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"]).stdout
+    alive = [allocated[0], *allocated[2:]]
+    exit_code = re.search(r"ExitCode=(\d+:\d+)", slurm.job_line(job_id)).group(1)
+    assert (state, exit_code) in (("COMPLETING", "0:0"), ("COMPLETED", "0:0")), (
+        f"{state} {exit_code}\n" + output + node_logs(slurm, job_id, alive))
+    summary = json.loads(slurm.exec(
+        allocated[0], ["cat", f"/root/runs/slurm-{job_id}/summary.json"]).stdout)
+    [incident] = summary["incidents"]
+    assert (incident["kind"], incident["node"], incident["replaced_by"]) == (
+        "node_lost", allocated[1], allocated[3]), incident
+    assert summary["state"] == "succeeded" and summary["hosts"][allocated[3]]["node_rank"] == 1
+    log = slurm.exec(allocated[0], ["cat", f"{run_dir}/node.log"]).stdout
+    assert int(re.search(r"start_epoch=(\d+) world_size=3 restart=1", log).group(1)) >= 2, log
+    assert re.search(r"torchherd-train done epochs=8", log), log
+    for host in alive:
+        node = next(n for n in slurm.nodes if n.name == host)
+        assert leftovers(slurm, node) == [], host
