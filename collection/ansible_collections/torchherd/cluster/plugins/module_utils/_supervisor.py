@@ -468,23 +468,26 @@ def first_output(proc, paths, rank_logs, log_before, interval=0.1, attempts=Fals
     which dates the restarted job's first output."""
     said_at = None
     seen = {}
+    tracked = attempts and rank_logs is not None
     while True:
         # Whether it had ended before the look: output written before its end is seen.
         ended = proc.poll() is not None
+        # The attempts first: output one of them shows, the look for the first output below
+        # sees too (files only grow), so both get the same time.
+        found = _attempts(rank_logs) if tracked else {}
+        said = said_at is None and (
+            _size(paths["log"]) > log_before if rank_logs is None else
+            any(_size(os.path.join(top, name)) > 0
+                for top, _dirs, names in os.walk(rank_logs) for name in names
+                if name.endswith(".log")))
+        # Taken after the looks: what they saw happened by then.
         now = time.time()
-        if said_at is None:
-            if rank_logs is None:
-                said = _size(paths["log"]) > log_before
-            else:
-                said = any(_size(os.path.join(top, name)) > 0
-                           for top, _dirs, names in os.walk(rank_logs) for name in names
-                           if name.endswith(".log"))
-            if said:
-                said_at = now
-                record(paths, "job", first_output_at=now)
-        if attempts and rank_logs is not None:
+        if said:
+            said_at = now
+            record(paths, "job", first_output_at=now)
+        if tracked:
             changed = False
-            for number, spoke in _attempts(rank_logs).items():
+            for number, spoke in found.items():
                 if str(number) not in seen:
                     seen[str(number)] = {"started_at": now, "output_at": None}
                     changed = True
