@@ -77,6 +77,19 @@ def leftovers(cluster, node) -> list[str]:
     return found + [f"marker: {path}" for path in marked]
 
 
+def running_job(cluster, job_id: str) -> tuple[list[str], str]:
+    """Submit-side wait for a job to run: its nodes and its run directory on the nodes."""
+    cluster.wait_job(job_id, ["RUNNING"], timeout=60)
+    return cluster.job_nodes(job_id), f"/root/.torchherd/runs/slurm-{job_id}"
+
+
+def still_running(cluster, job_id: str, host: str, before: str) -> None:
+    """Fails, with the job's output, where the job ended before `before`."""
+    if cluster.job_state(job_id) != "RUNNING":
+        output = cluster.exec(host, ["cat", f"/root/torchherd-{job_id}.out"])
+        raise AssertionError(f"job {job_id} ended before {before}:\n{output.stdout}")
+
+
 def node_logs(cluster, job_id, hosts, lines: int = 40) -> str:
     """The end of each node's log of the job's run: with the job's output, what a failed job's
     assertion shows (a rank that crashed, e.g. SIGABRT at exit, leaves its last words there)."""
@@ -184,15 +197,10 @@ def test_scancel_leaves_no_process_on_any_node(slurm):
         "--code-src", str(REPO / "examples"), "--nproc-per-node", "1",
         "--", "allreduce.py", "--sleep", "600",
     ], env=TEMPLATE_ENV)  # fmt: skip
-    slurm.wait_job(job_id, ["RUNNING"], timeout=60)
-    allocated = slurm.job_nodes(job_id)
-
-    run_dir = f"/root/.torchherd/runs/slurm-{job_id}"
+    allocated, run_dir = running_job(slurm, job_id)
 
     def all_reduced():
-        if slurm.job_state(job_id) != "RUNNING":
-            output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"])
-            raise AssertionError(f"job {job_id} ended before scancel:\n{output.stdout}")
+        still_running(slurm, job_id, allocated[0], "scancel")
         logs = [slurm.exec(host, ["cat", f"{run_dir}/node.log"], check=False).stdout
                 for host in allocated]
         return all("torchherd-allreduce ok" in log for log in logs)
@@ -273,14 +281,10 @@ def test_a_node_lost_in_the_allocation_is_left_out_and_the_job_resumes_on_its_sp
         "--restarts", "1", "--", "train_ddp.py", "--epochs", "8", "--epoch-seconds", "1",
         "--ckpt-dir", "/root/ck-slurm",
     ], env=TEMPLATE_ENV)  # fmt: skip
-    slurm.wait_job(job_id, ["RUNNING"], timeout=60)
-    allocated = slurm.job_nodes(job_id)
-    run_dir = f"/root/.torchherd/runs/slurm-{job_id}"
+    allocated, run_dir = running_job(slurm, job_id)
 
     def three_epochs():
-        if slurm.job_state(job_id) != "RUNNING":
-            output = slurm.exec(allocated[0], ["cat", f"/root/torchherd-{job_id}.out"])
-            raise AssertionError(f"job {job_id} ended early:\n{output.stdout}")
+        still_running(slurm, job_id, allocated[0], "the kill")
         log = slurm.exec(allocated[0], ["cat", f"{run_dir}/node.log"], check=False).stdout
         return len(re.findall(r"torchherd-train epoch=\d+", log)) >= 3
 
