@@ -237,6 +237,7 @@ _value:
       type: bool
 """
 
+import copy
 import functools
 import hashlib
 import os
@@ -262,15 +263,19 @@ DEFAULT_ROOT = "~/.torchherd"
 
 
 @functools.lru_cache(maxsize=1)
-def _spec_text():
+def _spec():
+    # libyaml where PyYAML has it: the pure-Python parser takes a tenth of a second for this
+    # file, on every launch's critical path.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(SPEC_PATH, encoding="utf-8") as handle:
-        return handle.read()
+        return yaml.load(handle, Loader=loader)["argument_specs"]["main"]["options"]
 
 
 def job_spec():
-    """The C(main) options of the plan role's argument spec (the one definition); read once
-    per process (the plan is made more than once per launch)."""
-    return yaml.safe_load(_spec_text())["argument_specs"]["main"]["options"]
+    """The C(main) options of the plan role's argument spec (the one definition); parsed once
+    per process (the plan is made more than once per launch), a copy each time (the validator
+    may change what it is given)."""
+    return copy.deepcopy(_spec())
 
 
 def _plain(value):
