@@ -5,7 +5,8 @@ nodes share. podman because it runs rootful inside the node without a daemon; do
 dockerd in every node. Real SSH, real podman, real gloo: a 3 x 2 DDP job in the image, status,
 stacks, stop and a rank raising in the image, the secret on no command line, in no file, not in
 podman inspect, and preflight refusing a node without the runtime, an image missing under pull
-never, and an image whose torch differs."""
+never, and an image whose torch differs. A real pull too: a registry (Debian's docker-registry) on
+the host, on the cluster's network, serving a small image that every node pulls itself."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import hashlib
 import json
 import re
 import secrets
+import shutil
+import socket
+import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,3 +207,89 @@ def test_preflight_names_the_node_without_runtime_image_or_the_same_torch(ctr, c
     finally:
         for node in (first, third):
             cluster.exec(node, ["podman", "rmi", "--force", test_image], check=False)
+
+
+@pytest.fixture
+def registry(ctr, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A registry on the host's address in the cluster's network (plain HTTP, as a registry
+    inside a cluster may be), holding a small image the nodes do not have: its reference there
+    and its id."""
+    cluster, _ = ctr
+    server = shutil.which("docker-registry")
+    assert server, "docker-registry not installed: scripts/install-system-deps.sh installs it"
+    network = json.loads(testbed.podman("network", "inspect", testbed.network_name(cluster.name))
+                         .stdout)[0]
+    host = network["subnets"][0]["gateway"]
+    with socket.socket() as probe:  # a free port on that address
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "config.yml").write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'blobs'}\n"
+        f"http:\n  addr: {host}:{port}\n")
+    proc = subprocess.Popen([server, "serve", str(tmp_path / "config.yml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    local = "localhost/torchherd-pull:test"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{host}:{port}/v2/", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "no registry"
+                time.sleep(0.2)
+        context = tmp_path / "image"
+        context.mkdir()
+        (context / "marker").write_text("torchherd pull test\n")
+        (context / "Containerfile").write_text("FROM scratch\nCOPY marker /marker\n")
+        testbed.podman("build", "--quiet", "--tag", local, str(context))
+        ref = f"{host}:{port}/torchherd-pull:1"
+        testbed.podman("push", "--quiet", "--tls-verify=false", local, f"docker://{ref}")
+        yield ref, testbed.podman("image", "inspect", "--format", "{{.Id}}", local).stdout.strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        testbed.podman("rmi", "--force", local, check=False)
+
+
+def test_every_node_pulls_the_image_from_a_registry_and_says_so(ctr, registry, code, tmp_path):
+    cluster, _ = ctr
+    first, second, third = cluster.nodes
+    registry, ident = registry
+    # The registry speaks plain HTTP: node0 and node2 are configured to accept that (as a
+    # cluster's own registry would be), node1 is not, so its pull fails as such a node's would.
+    conf = "/etc/containers/registries.conf.d/50-torchherd-test.conf"
+    address = registry.split("/", 1)[0]
+    text = f'[[registry]]\nlocation = "{address}"\ninsecure = true\n'
+    for node in (first, third):
+        write = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+        cluster.exec(node, ["python3", "-c", write, conf, text])
+    pulled = {"script": "job.py", "code_src": str(code), "nproc_per_node": 2,
+              "container": {"image": registry, "pull": "always"}}
+    try:
+        result = verify(dict(pulled, run_id="ctr-pull"), cluster.inventory, runs_dir=tmp_path)
+        assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+        problems = {(p["host"], p["check"]): p for p in result.problems}
+        # The image holds one file and no Python: once pulled, preflight ran it and says so.
+        assert set(problems) == {(first.name, "python"), (second.name, "container"),
+                                 (third.name, "python")}, problems
+        assert "python3" in problems[first.name, "python"]["found"]
+        found = problems[second.name, "container"]["found"]
+        assert f"pull {registry} failed" in found and "HTTPS" in found, found
+        for node in (first, third):
+            image = result.hosts[node.name]["container"]
+            assert image["pulled"] is True and image["id"] == ident, image
+            assert cluster.exec(node, ["podman", "image", "inspect", "--format", "{{.Id}}",
+                                       registry]).stdout.strip() == ident
+        assert not result.hosts[second.name]["container"]["pulled"]
+
+        # Pull "missing": where the node has the image it is found, not pulled again.
+        result = verify(dict(pulled, run_id="ctr-found", container={"image": registry}),
+                        cluster.inventory, runs_dir=tmp_path)
+        for node in (first, third):
+            image = result.hosts[node.name]["container"]
+            assert image["pulled"] is False and image["id"] == ident, image
+    finally:
+        for node in cluster.nodes:
+            cluster.exec(node, ["rm", "-f", conf], check=False)
+            cluster.exec(node, ["podman", "rmi", "--force", registry], check=False)
