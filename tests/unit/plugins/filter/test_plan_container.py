@@ -58,7 +58,34 @@ def test_the_gate_names_the_node_whose_image_cannot_run_and_stays_quiet_on_its_p
                    error="no container runtime: expected podman or docker on PATH, found none")
     verdict = gate(*make({"a": node_facts("a"), "b": dict(sick, container=missing)},
                          container={"image": "img:1"}))
-    assert "install podman or docker" in verdict["problems"][0]["fix"]
+    assert "install podman, docker or apptainer" in verdict["problems"][0]["fix"]
+
+
+def test_an_apptainer_image_missing_on_a_node_is_named_with_its_own_fix():
+    sif = "/shared/images/train.sif"
+    found = {"runtime": "apptainer", "path": "/usr/bin/apptainer", "image": sif, "id": None,
+             "pulled": False, "seconds": 0.0,
+             "error": f"image {sif} is not on this node (apptainer runs a SIF file or sandbox "
+                      "directory there, or pulls one given as a docker://, oras:// or "
+                      "library:// URI)"}
+    sick = node_facts("b", container=found, python={"path": "python3", "version": None,
+                                                    "error": None},
+                      torch={"version": None, "error": None})
+    verdict = gate(*make({"a": node_facts("a"), "b": sick},
+                         container={"image": sif, "runtime": "apptainer"}))
+    assert [(p["host"], p["check"]) for p in verdict["problems"]] == [("b", "container")]
+    problem = verdict["problems"][0]
+    assert problem["expected"] == f"image {sif} runnable with apptainer"
+    assert f"copy the SIF file to {sif} on the node" in problem["fix"]
+    never = dict(found, image="docker://x/train:1",
+                 error="image docker://x/train:1 is not on this node and the job's pull policy "
+                       "is never")
+    verdict = gate(*make({"a": node_facts("a"), "b": dict(sick, container=never)},
+                         container={"image": "docker://x/train:1", "runtime": "apptainer"}))
+    assert verdict["problems"][0]["fix"].startswith("set container.pull to missing")
+    p = plan({"script": "train.py", "container": {"image": "docker://x/train:1",
+                                                  "runtime": "apptainer"}}, GROUPS, HOSTVARS)
+    assert p["container"]["runtime"] == "apptainer"
 
 
 def test_an_image_whose_python_does_not_run_says_so_in_the_images_words():

@@ -5,6 +5,7 @@ the image. The runtime here is a script that answers as podman does (its real wo
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +36,7 @@ esac
 @pytest.fixture
 def podman(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     (bin_dir / "podman").write_text(FAKE)
     (bin_dir / "podman").chmod(0o755)
     for name in ("images", "registry", "calls"):
@@ -83,7 +84,8 @@ def test_no_runtime_or_one_that_cannot_be_asked_is_said(podman, monkeypatch):
         "no container runtime: expected docker on PATH, found none")
     monkeypatch.setenv("PATH", str(podman / "none"))
     assert _container.ensure({"image": "x"})["error"] == (
-        "no container runtime: expected podman or docker on PATH, found none")
+        "no container runtime: expected podman, docker, apptainer or singularity on PATH, "
+        "found none")
 
 
 def test_the_command_line_runs_in_the_image_with_what_training_needs(monkeypatch):
@@ -126,3 +128,100 @@ def test_a_container_already_gone_is_no_error_and_names_carry_the_run(podman):
     assert (podman / "calls").read_text().split() == ["rm", "--force", "--time", "0",
                                                       "torchherd-r1-n0-r0"]
     assert _container.container_name("r1", 2, 1) == "torchherd-r1-n2-r1"
+
+
+# An apptainer that pulls the URIs listed in $REGISTRY into the file it is given, and records
+# every call in $CALLS; its failure is apptainer 1.3's words.
+FAKE_APPTAINER = """#!/bin/sh
+echo "$*" >> "$CALLS"
+[ "$1 $2" = "pull --force" ] || exit 2
+/bin/grep -qx "$4" "$REGISTRY" || { echo "FATAL:   While making image from oci registry: \
+error fetching image: manifest unknown" >&2; echo partial > "$3"; exit 255; }
+echo "SIF of $4 $(/bin/date +%s%N)" > "$3"
+"""
+
+
+@pytest.fixture
+def apptainer(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "apptainer").write_text(FAKE_APPTAINER)
+    (bin_dir / "apptainer").chmod(0o755)
+    for name in ("registry", "calls"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("REGISTRY", str(tmp_path / "registry"))
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    return tmp_path
+
+
+def test_apptainer_runs_a_sif_file_there_and_pulls_a_uri_into_the_root_as_the_policy_says(
+        apptainer):
+    cache = apptainer / "root" / "images"
+    sif = apptainer / "train.sif"
+    sif.write_text("a SIF")
+    found = _container.ensure({"image": str(sif), "pull": "always", "cache_dir": str(cache)})
+    # A file is what it is: nothing to pull, its path is what runs, its size and time its stamp.
+    assert (found["runtime"], found["id"], found["pulled"], found["error"]) == (
+        "apptainer", str(sif), False, None)
+    assert found["stamp"] and calls(apptainer) == []
+    missing = _container.ensure({"image": str(apptainer / "gone.sif"), "cache_dir": str(cache)})
+    assert missing["id"] is None and "is not on this node (apptainer runs a SIF file" in \
+        missing["error"]
+
+    uri = "docker://registry.example/train:2"
+    (apptainer / "registry").write_text(uri + "\n")
+    spec = {"image": uri, "pull": "missing", "cache_dir": str(cache)}
+    first = _container.ensure(spec)
+    assert first["pulled"] and first["error"] is None
+    assert first["id"] == _container.sif_path(uri, str(cache)) and first["id"].startswith(
+        str(cache) + "/registry.example_train_2-")
+    assert Path(first["id"]).read_text().startswith(f"SIF of {uri}")
+    # missing: there now, found without a pull; always: pulled again.
+    again = _container.ensure(spec)
+    assert (again["pulled"], again["id"], again["stamp"]) == (False, first["id"], first["stamp"])
+    assert calls(apptainer) == ["pull"]
+    fresh = _container.ensure(dict(spec, pull="always"))
+    assert fresh["pulled"] and fresh["id"] == first["id"]
+    assert calls(apptainer) == ["pull", "pull"]
+    # never refuses what is not there; check mode pulls nothing; a failed pull leaves no file.
+    other = "oras://registry.example/other:3"
+    never = _container.ensure({"image": other, "pull": "never", "cache_dir": str(cache)})
+    assert never["error"] == (f"image {other} is not on this node and the job's pull policy "
+                              "is never")
+    dry = _container.ensure({"image": other, "cache_dir": str(cache)}, dry=True)
+    assert "check mode pulls nothing" in dry["error"] and calls(apptainer) == ["pull", "pull"]
+    failed = _container.ensure({"image": other, "cache_dir": str(cache)})
+    assert failed["id"] is None and failed["error"] == (
+        f"apptainer pull {other} failed: FATAL:   While making image from oci registry: error "
+        "fetching image: manifest unknown")
+    assert sorted(os.listdir(cache)) == [os.path.basename(first["id"])]
+
+
+def test_auto_takes_podman_or_docker_before_apptainer(apptainer, podman):
+    # Both fixtures made their bin directory in the same tmp_path: podman and apptainer there.
+    assert _container.find_runtime("auto")[0] == "podman"
+    os.unlink(apptainer / "bin" / "podman")
+    assert _container.find_runtime("auto")[0] == "apptainer"
+    assert _container.find_runtime("singularity") == (None, None)
+
+
+def test_apptainer_runs_the_file_with_a_clean_environment_and_the_jobs_variables_as_its_own():
+    found = {"runtime": "apptainer", "path": "/usr/bin/apptainer", "image": "docker://x/train:1",
+             "id": "/root/.torchherd/images/x_train_1-0123456789ab.sif"}
+    argv = _container.run_argv(
+        found, name="torchherd-r1-n0-r0", mounts=["/code", "/runs/r1", "/code"], workdir="/code",
+        env_names=["MASTER_ADDR"], gpus=True, stdin=True, volumes=["/data:/data:ro"],
+        options=["--writable-tmpfs"])
+    assert argv == [
+        "/usr/bin/apptainer", "exec", "--cleanenv", "--nv", "--bind", "/code:/code",
+        "--bind", "/runs/r1:/runs/r1", "--bind", "/data:/data:ro", "--pwd", "/code",
+        "--writable-tmpfs", found["id"]]
+    assert _container.runtime_env(found, {"MASTER_ADDR": "10.0.0.1", "PATH": "/usr/bin"},
+                                  ["MASTER_ADDR", "UNSET"]) == {
+        "APPTAINERENV_MASTER_ADDR": "10.0.0.1"}
+    assert _container.runtime_env(dict(found, runtime="singularity"), {"A": "1"}, ["A"]) == {
+        "SINGULARITYENV_A": "1"}
+    assert _container.runtime_env(dict(found, runtime="podman"), {"A": "1"}, ["A"]) == {}
+    # No container object: nothing to remove, nothing run.
+    assert _container.remove(found, "torchherd-r1-n0-r0") is None

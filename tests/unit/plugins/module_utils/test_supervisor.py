@@ -220,6 +220,25 @@ def test_the_supervisor_runs_the_job_detached_and_writes_the_run_directory(tmp_p
     assert started_at <= read_record(paths)["job"]["first_output_at"] <= meta["ended_at"]
 
 
+def test_apptainer_gets_the_jobs_variables_as_its_own_copies_and_never_the_secret(tmp_path):
+    # The launcher here stands in for apptainer's exec: it shows the environment the runtime
+    # would start from (apptainer puts APPTAINERENV_<name> into the container as <name>).
+    paths = run_paths(str(tmp_path), "r1")
+    image = {"runtime": "apptainer", "path": "/usr/bin/apptainer", "image": "train.sif",
+             "id": str(tmp_path / "train.sif"), "gpus": False, "volumes": [], "options": []}
+    p = params(env={"GREETING": "hello"}, secret_env={"TOKEN": "s3cr3t"}, chdir=str(tmp_path),
+               container=image, launcher="deepspeed", restart=0)
+    show = "import json, os; print(json.dumps(dict(os.environ)))"
+    spawn(p, paths, python(show), {"PATH": os.environ["PATH"], "NCCL_DEBUG": "WARN"})
+    assert ended(paths)["exit_code"] == 0
+    env = json.loads(log_text(paths).strip().splitlines()[-1])
+    assert env["APPTAINERENV_GREETING"] == "hello" and env["APPTAINERENV_NCCL_DEBUG"] == "WARN"
+    assert env[f"APPTAINERENV_{MARKER}"] == paths["dir"] == env[MARKER]
+    assert "TOKEN" not in env and "APPTAINERENV_TOKEN" not in env
+    assert "APPTAINERENV_PATH" not in env  # the image's own PATH, not the node's
+    assert "s3cr3t" not in json.dumps(env)
+
+
 def test_the_first_output_is_the_first_byte_a_rank_wrote_not_the_launchers_chatter(tmp_path):
     paths = run_paths(str(tmp_path), "r1")
     rank_dir = Path(paths["torchrun_logs"]) / "none_x" / "attempt_0" / "0"

@@ -315,8 +315,13 @@ def container(host, f, plan):
     image = spec.get("image") or found.get("image")
     error = found["error"]
     if not found.get("path"):
-        fix = ("install podman or docker on the node (or name the one there: "
+        fix = ("install podman, docker or apptainer on the node (or name the one there: "
                "container.runtime), or leave the node out of the inventory")
+    elif "sandbox directory" in error:  # apptainer's image: a path that is not there
+        fix = (f"copy the SIF file to {image} on the node (or to a shared file system), or give "
+               "the image as a docker://, oras:// or library:// URI that the node pulls")
+    elif "pull policy is never" in error and found.get("runtime") in ("apptainer", "singularity"):
+        fix = "set container.pull to missing (the node pulls it once into its torchherd root)"
     elif "pull policy is never" in error:
         fix = (f"load the image on the node ({found.get('runtime')} pull {image}, or "
                f"{found.get('runtime')} load), or set container.pull to missing")

@@ -1,27 +1,44 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""The job's container image on one node: the runtime that runs it (podman or docker, the
-node's own, used by the SSH user without a prompt), the image there (or pulled as the job
+"""The job's container image on one node: the runtime that runs it (podman, docker or apptainer,
+the node's own, used by the SSH user without a prompt), the image there (or pulled as the job
 allows), and the command line that runs a program inside it with what multi-node training
 needs: the host's network (the interface the facts chose and the barrier proved is the job's),
 the host's IPC namespace (NCCL's and the data loaders' shared memory), the GPUs, the synced code
 and the run directory at the same paths as on the node, and the job's environment by name only
 (values never on a command line). Secrets reach the job through its standard input (``SHIM``):
 not on any command line, in no file, not in the container's configuration that ``inspect``
-shows. Runs on the nodes (Python 3.8 and later)."""
+shows.
+
+apptainer (and SingularityCE, its sibling with the same command line) keeps no images of its
+own and runs no daemon: the image is a SIF file (or a sandbox directory) on the node, or a URI
+(docker://, oras://, library://) that is pulled into a SIF file under torchherd's root. Its
+processes are the host's (the host's network, IPC and PID namespaces, the user's own uid), so
+there is no container to name or remove. It starts from a clean environment (``--cleanenv``)
+and takes the job's variables from ``APPTAINERENV_<name>`` (``runtime_env``), so that the
+node's PATH and Python do not leak into the image, as with the other runtimes.
+Runs on the nodes (Python 3.8 and later)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import time
 
-RUNTIMES = ("podman", "docker")
+RUNTIMES = ("podman", "docker", "apptainer", "singularity")
+# The runtimes that run a SIF file from the node's file system, with the prefix of the host
+# variables they put into the container's environment under the rest of the name.
+SIF_RUNTIMES = {"apptainer": "APPTAINERENV_", "singularity": "SINGULARITYENV_"}
+# What names an image apptainer pulls (anything else is a SIF file or sandbox directory).
+SIF_URI = re.compile(r"^(docker|oras|library|shub|https?)://")
 # How each runtime gives a container every GPU of the node: podman through the CDI spec the
-# NVIDIA Container Toolkit generates (nvidia-ctk cdi generate), docker through its runtime hook.
-GPU_OPTIONS = {"podman": ["--device", "nvidia.com/gpu=all"], "docker": ["--gpus", "all"]}
+# NVIDIA Container Toolkit generates (nvidia-ctk cdi generate), docker through its runtime hook,
+# apptainer by binding the driver's libraries and devices (--nv).
+GPU_OPTIONS = {"podman": ["--device", "nvidia.com/gpu=all"], "docker": ["--gpus", "all"],
+               "apptainer": ["--nv"], "singularity": ["--nv"]}
 PULL_POLICIES = ("missing", "always", "never")
 CHECK_TIMEOUT = 60
 PULL_TIMEOUT = 3600
@@ -67,10 +84,66 @@ def image_id(path, image, timeout=CHECK_TIMEOUT):
     return None, _last_line(said) or f"exit code {proc.returncode}"
 
 
+def _stamp(path):
+    """What tells one state of a SIF file (or sandbox directory) from another: the torch probe's
+    cache is kept while it is the same."""
+    info = os.stat(path)
+    return f"{info.st_size}-{info.st_mtime_ns}"
+
+
+def sif_path(image, cache_dir):
+    """Where apptainer's image lives on the node: the file (or directory) named, or for a URI the
+    SIF file it is pulled into under `cache_dir`, named after the URI (readable, and unique by a
+    hash of it)."""
+    if not SIF_URI.match(image):
+        return os.path.abspath(os.path.expanduser(image))
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", SIF_URI.sub("", image))[-80:]
+    digest = hashlib.sha256(image.encode()).hexdigest()[:12]
+    return os.path.join(os.path.expanduser(cache_dir or "~/.torchherd/images"),
+                        f"{readable}-{digest}.sif")
+
+
+def _ensure_sif(found, spec, dry):
+    """apptainer's half of ensure: the SIF file there, or pulled into it as the policy says.
+    The answer's id is the file (what runs); its stamp stands for the file's content."""
+    image, policy, name = spec["image"], spec.get("pull") or "missing", found["runtime"]
+    path = sif_path(image, spec.get("cache_dir"))
+    pullable = bool(SIF_URI.match(image))
+    there = os.path.exists(path)
+    why = None
+    if not pullable and not there:
+        why = (f"image {image} is not on this node ({name} runs a SIF file or sandbox directory "
+               "there, or pulls one given as a docker://, oras:// or library:// URI)")
+    elif pullable and (policy == "always" or (not there and policy == "missing")) and not dry:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.part-{os.getpid()}"
+        try:
+            pulled = _run([found["path"], "pull", "--force", partial, image], PULL_TIMEOUT)
+            if pulled.returncode != 0:
+                why = f"{name} pull {image} failed: {_last_line(pulled.stderr or pulled.stdout)}"
+            else:
+                os.replace(partial, path)  # a launch beside this one never sees half a file
+                found["pulled"] = True
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    elif not there:
+        why = f"image {image} is not on this node " + (
+            "and the job's pull policy is never" if policy == "never" else
+            "(check mode pulls nothing)")
+    if why is None and os.path.exists(path):
+        found.update(id=path, stamp=_stamp(path))
+    elif why is None:
+        why = f"image {image} is not on this node after {name} pull"
+    return why
+
+
 def ensure(spec, dry=False):
     """The job's image on this node: {runtime, path, image, id, pulled, seconds, error}, pulled
     first where the policy (spec pull) says so; error (not an exception) says why the job cannot
-    run in it here. `dry` (check mode) pulls nothing."""
+    run in it here. `dry` (check mode) pulls nothing. For apptainer (SIF_RUNTIMES) the id is the
+    SIF file, pulled under spec's cache_dir where the image is a URI, and `stamp` (its size and
+    time) stands for its content."""
     start = time.monotonic()
     wanted = spec.get("runtime") or "auto"
     name, path = find_runtime(wanted)
@@ -78,8 +151,20 @@ def ensure(spec, dry=False):
     found = {"runtime": name, "path": path, "image": image, "id": None, "pulled": False,
              "seconds": 0.0, "error": None}
     if not path:
-        listed = " or ".join(RUNTIMES) if wanted in ("", "auto") else wanted
+        listed = (", ".join(RUNTIMES[:-1]) + " or " + RUNTIMES[-1]) if wanted in ("", "auto") \
+            else wanted
         found["error"] = f"no container runtime: expected {listed} on PATH, found none"
+        return found
+    if name in SIF_RUNTIMES:
+        try:
+            why = _ensure_sif(found, spec, dry)
+        except subprocess.TimeoutExpired as exc:
+            why = f"{name} did not answer in {exc.timeout:g} s ({' '.join(exc.cmd[1:3])})"
+        except OSError as exc:
+            why = f"{name}: {exc}"
+        found.update(error=why, seconds=round(time.monotonic() - start, 3))
+        if why is not None:
+            found.update(id=None)
         return found
     try:
         ident, why = image_id(path, image)
@@ -113,6 +198,8 @@ def run_argv(found, *, name=None, mounts=(), workdir=None, env_names=(), gpus=Fa
     the same paths; `volumes`, `options`: the job's own (runtime syntax); `env_names`: variables
     the container takes from the runtime's own environment, by name only."""
     runtime = found["runtime"]
+    if runtime in SIF_RUNTIMES:
+        return _sif_argv(found, mounts, workdir, gpus, volumes, options)
     argv = [found["path"], "run", "--rm", "--network", "host", "--ipc", "host"]
     if name:
         argv += ["--name", name]
@@ -135,9 +222,36 @@ def run_argv(found, *, name=None, mounts=(), workdir=None, env_names=(), gpus=Fa
     return argv + list(options) + [found["id"] or found["image"]]
 
 
+def _sif_argv(found, mounts, workdir, gpus, volumes, options):
+    """apptainer's run: the host's network, IPC and PIDs are its default; a clean environment
+    (the job's variables come from runtime_env); the same directories bound at their paths."""
+    argv = [found["path"], "exec", "--cleanenv"]
+    if gpus:
+        argv += GPU_OPTIONS[found["runtime"]]
+    for path in dict.fromkeys(m for m in mounts if m):
+        argv += ["--bind", f"{path}:{path}"]
+    for volume in volumes:
+        argv += ["--bind", volume]
+    if workdir:
+        argv += ["--pwd", workdir]
+    return argv + list(options) + [found["id"] or found["image"]]
+
+
+def runtime_env(found, env, names):
+    """What the runtime's own environment needs beside `env` so that the container gets the
+    variables `names` (their values from `env`): podman and docker take them by name (run_argv's
+    --env), apptainer from its prefixed copies."""
+    prefix = SIF_RUNTIMES.get((found or {}).get("runtime"))
+    if not prefix:
+        return {}
+    return {prefix + name: env[name] for name in names if name in env}
+
+
 def remove(found, name, timeout=CHECK_TIMEOUT):
     """Removes the container `name` (gone already is fine); what the runtime said where it
-    failed, else None."""
+    failed, else None. apptainer leaves no container behind: nothing to remove."""
+    if found.get("runtime") in SIF_RUNTIMES:
+        return None
     argv = [found["path"], "rm", "--force"] + (["--time", "0"] if found["runtime"] == "podman"
                                                else []) + [name]
     try:

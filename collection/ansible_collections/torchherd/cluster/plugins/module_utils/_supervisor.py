@@ -21,6 +21,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._container impor
     container_name,
     remove,
     run_argv,
+    runtime_env,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
     ProcessRunner,
@@ -117,14 +118,21 @@ def container_argv(p, paths, argv, python):
     directory at their own paths, the job's environment by name (the values go to the runtime
     in its environment: see spawn), its secrets through standard input (SHIM)."""
     spec = p["container"]
-    names = set(job_env(p, paths["dir"], {})[0]) - set(p["secret_env"])
-    names |= {k for k in os.environ if k.startswith(NODE_ENV_PREFIXES)}
     prefix = run_argv(spec, name=container_name(p["run_id"], p["node_rank"], p["restart"]),
                       mounts=[p["chdir"], paths["dir"]], workdir=p["chdir"],
-                      env_names=sorted(names), gpus=spec.get("gpus"),
+                      env_names=container_env_names(p, paths), gpus=spec.get("gpus"),
                       stdin=bool(p["secret_env"]), volumes=spec.get("volumes") or [],
                       options=spec.get("options") or [])
     return prefix + ([python, "-c", SHIM] if p["secret_env"] else []) + argv
+
+
+def container_env_names(p, paths, environ=None):
+    """The variables the job's container gets: the job's own but its secrets, and the node's
+    NODE_ENV_PREFIXES ones."""
+    names = set(job_env(p, paths["dir"], {})[0]) - set(p["secret_env"])
+    names |= {k for k in (os.environ if environ is None else environ)
+              if k.startswith(NODE_ENV_PREFIXES)}
+    return sorted(names)
 
 
 def job_env(p, run_dir, environ):
@@ -174,6 +182,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
         # go to the shim in the image through the launcher's standard input.
         for name in p["secret_env"]:
             env.pop(name, None)
+        # Where the runtime takes them from copies of its own (apptainer), those copies.
+        env.update(runtime_env(p["container"], env, container_env_names(p, paths, environ)))
         secrets = json.dumps({k: str(v) for k, v in p["secret_env"].items()}) + "\n" \
             if p["secret_env"] else None
     write_atomic(paths["cmd"], json.dumps(argv))

@@ -105,10 +105,15 @@ options:
         description: The image, as the runtime names it (C(nvcr.io/nvidia/pytorch:25.01-py3)).
         type: str
       runtime:
-        description: The runtime; C(auto) takes podman, else docker, whichever is on C(PATH).
+        description:
+          - The runtime; C(auto) takes the first of podman, docker, apptainer and singularity on
+            C(PATH).
+          - apptainer (and singularity) run a SIF file or sandbox directory on the node
+            (O(container.image) its path), or pull an image given as a C(docker://), C(oras://)
+            or C(library://) URI into a SIF file under O(root)C(/images).
         type: str
         default: auto
-        choices: [auto, podman, docker]
+        choices: [auto, podman, docker, apptainer, singularity]
       pull:
         description:
           - C(missing) pulls the image where the node lacks it, C(always) on every launch (a
@@ -352,8 +357,9 @@ container:
   description:
     - The job's image on this node (only with O(container)) - C(runtime) and C(path) (null
       without one), C(image), C(id) (what the job runs, the image's id, null where it is not
-      there), C(pulled) (this call pulled it), C(seconds) (finding and pulling it) and C(error)
-      (why the job cannot run in it here, else null).
+      there; for apptainer the SIF file's path, with C(stamp), its size and time), C(pulled)
+      (this call pulled it), C(seconds) (finding and pulling it) and C(error) (why the job
+      cannot run in it here, else null).
   returned: always
   type: dict
   sample: {runtime: podman, path: /usr/bin/podman, image: "localhost/train:1", id: 746fcdc62655,
@@ -513,6 +519,8 @@ def fingerprint(python, timeout, driver=None, container=None):
     # a link to the system's, with other packages) needs no interpreter of its own.
     if container:
         interp = {"image": container["id"], "runtime": container["path"], "python": python}
+        if container.get("stamp"):  # a SIF file's id is its path: its size and time too
+            interp["stamp"] = container["stamp"]
     elif python == sys.executable:
         scope = {}
         exec(compile(FINGERPRINT, "<fingerprint>", "exec"), scope)
@@ -685,7 +693,7 @@ def main():
             container=dict(type="dict", default={}, options=dict(
                 image=dict(type="str"),
                 runtime=dict(type="str", default="auto",
-                             choices=["auto", "podman", "docker"]),
+                             choices=["auto", "podman", "docker", "apptainer", "singularity"]),
                 pull=dict(type="str", default="missing", choices=["missing", "always", "never"]),
                 volumes=dict(type="list", elements="str", default=[]),
                 options=dict(type="list", elements="str", default=[]),
@@ -711,6 +719,8 @@ def main():
     # Once per call, cached probe or not: who holds the GPUs and their health change any time.
     driver = read_gpus(NVIDIA_PROC)
     spec = p["container"] or {}
+    # apptainer pulls an image given as a URI into a SIF file there.
+    spec = dict(spec, cache_dir=os.path.join(root, "images"))
     container = ensure_image(spec, module.check_mode) if spec.get("image") else None
     if container and container["error"]:
         # The gate's container check says why; nothing runs in an image that is not there.

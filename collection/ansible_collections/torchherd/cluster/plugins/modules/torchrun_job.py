@@ -266,10 +266,15 @@ options:
     type: dict
     suboptions:
       runtime:
-        description: C(podman) or C(docker).
+        description:
+          - C(podman), C(docker), C(apptainer) or C(singularity).
+          - apptainer runs O(container.id) (the SIF file) with C(exec --cleanenv), the job's
+            environment given as C(APPTAINERENV_<name>) in its own, O(chdir) and the run
+            directory bound at their paths and C(--nv) for the GPUs; its processes are the
+            host's (network, IPC, PIDs), so there is no container to name or remove.
         type: str
         required: true
-        choices: [podman, docker]
+        choices: [podman, docker, apptainer, singularity]
       path:
         description: The runtime's executable.
         type: path
@@ -279,7 +284,8 @@ options:
         type: str
         required: true
       id:
-        description: The image's id (what runs); empty runs O(container.image).
+        description: The image's id (what runs; for apptainer the SIF file's path); empty runs
+          O(container.image).
         type: str
         default: ""
       gpus:
@@ -857,7 +863,8 @@ def main():
                 delay=dict(type="float", default=0),
             )),
             container=dict(type="dict", options=dict(
-                runtime=dict(type="str", required=True, choices=["podman", "docker"]),
+                runtime=dict(type="str", required=True,
+                             choices=["podman", "docker", "apptainer", "singularity"]),
                 path=dict(type="path", required=True),
                 image=dict(type="str", required=True),
                 id=dict(type="str", default=""),
