@@ -33,19 +33,23 @@ esac
 """
 
 
-@pytest.fixture
-def podman(tmp_path, monkeypatch):
+def fake_runtime(tmp_path, monkeypatch, name, script, files):
+    """`script` as the runtime `name`, alone on PATH (beside any other fake of this test), with
+    its empty state files, each named in the variable of its upper-cased name."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "podman").write_text(FAKE)
-    (bin_dir / "podman").chmod(0o755)
-    for name in ("images", "registry", "calls"):
-        (tmp_path / name).write_text("")
+    (bin_dir / name).write_text(script)
+    (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.setenv("IMAGES", str(tmp_path / "images"))
-    monkeypatch.setenv("REGISTRY", str(tmp_path / "registry"))
-    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    for file in files:
+        (tmp_path / file).write_text("")
+        monkeypatch.setenv(file.upper(), str(tmp_path / file))
     return tmp_path
+
+
+@pytest.fixture
+def podman(tmp_path, monkeypatch):
+    return fake_runtime(tmp_path, monkeypatch, "podman", FAKE, ("images", "registry", "calls"))
 
 
 def calls(podman):
@@ -143,16 +147,7 @@ echo "SIF of $4 $(/bin/date +%s%N)" > "$3"
 
 @pytest.fixture
 def apptainer(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "apptainer").write_text(FAKE_APPTAINER)
-    (bin_dir / "apptainer").chmod(0o755)
-    for name in ("registry", "calls"):
-        (tmp_path / name).write_text("")
-    monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.setenv("REGISTRY", str(tmp_path / "registry"))
-    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
-    return tmp_path
+    return fake_runtime(tmp_path, monkeypatch, "apptainer", FAKE_APPTAINER, ("registry", "calls"))
 
 
 def test_apptainer_runs_a_sif_file_there_and_pulls_a_uri_into_the_root_as_the_policy_says(

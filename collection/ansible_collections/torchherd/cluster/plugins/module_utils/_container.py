@@ -211,12 +211,7 @@ def run_argv(found, *, name=None, mounts=(), workdir=None, env_names=(), gpus=Fa
         # The job's files (logs, checkpoints) belong to the SSH user, as without a container.
         argv += ["--userns", "keep-id"] if runtime == "podman" else \
             ["--user", f"{os.geteuid()}:{os.getegid()}"]
-    for path in dict.fromkeys(m for m in mounts if m):
-        argv += ["--volume", f"{path}:{path}"]
-    for volume in volumes:
-        argv += ["--volume", volume]
-    if workdir:
-        argv += ["--workdir", workdir]
+    argv += _shared(mounts, volumes, workdir, "--volume", "--workdir")
     for env_name in env_names:
         argv += ["--env", env_name]
     return argv + list(options) + [found["id"] or found["image"]]
@@ -228,13 +223,21 @@ def _sif_argv(found, mounts, workdir, gpus, volumes, options):
     argv = [found["path"], "exec", "--cleanenv"]
     if gpus:
         argv += GPU_OPTIONS[found["runtime"]]
-    for path in dict.fromkeys(m for m in mounts if m):
-        argv += ["--bind", f"{path}:{path}"]
-    for volume in volumes:
-        argv += ["--bind", volume]
-    if workdir:
-        argv += ["--pwd", workdir]
+    argv += _shared(mounts, volumes, workdir, "--bind", "--pwd")
     return argv + list(options) + [found["id"] or found["image"]]
+
+
+def _shared(mounts, volumes, workdir, mount_flag, workdir_flag):
+    """The node's directories at their own paths, the job's volumes and the working directory,
+    in a runtime's flags (podman and docker: --volume, --workdir; apptainer: --bind, --pwd)."""
+    argv = []
+    for path in dict.fromkeys(m for m in mounts if m):
+        argv += [mount_flag, f"{path}:{path}"]
+    for volume in volumes:
+        argv += [mount_flag, volume]
+    if workdir:
+        argv += [workdir_flag, workdir]
+    return argv
 
 
 def runtime_env(found, env, names):
