@@ -2,11 +2,14 @@
 
 import os
 import subprocess
+import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     proc_start_time,
     read_state,
     run_paths,
+    sleep_until_gone,
+    supervisor_alive,
     write_atomic,
 )
 
@@ -50,3 +53,35 @@ def test_exit_code_decides_once_written(tmp_path):
     write_atomic(paths["pid"], stamp(os.getpid()))
     write_atomic(paths["exit_code"], "1\n")
     assert read_state(paths) == {"state": "failed", "pid": os.getpid(), "exit_code": 1}
+
+
+def test_an_exited_supervisor_not_yet_reaped_has_ended(tmp_path):
+    """A zombie keeps its /proc entry and start time until its parent reaps it (a daemon's
+    parent after a double fork may take seconds): the master's wait for its gang must not spin
+    until then, nor count the job as running."""
+    paths = run_paths(str(tmp_path), "r")
+    os.makedirs(paths["dir"])
+    proc = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while proc_start_time(proc.pid) is not None and time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/stat", encoding="utf-8") as handle:
+            if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    try:
+        write_atomic(paths["supervisor"], stamp(proc.pid))  # exited, not reaped: a zombie
+        write_atomic(paths["pid"], f"{dead_pid()} 12345")
+        assert not supervisor_alive(paths)
+        assert read_state(paths)["state"] == "lost"
+        started = time.monotonic()
+        sleep_until_gone(paths, 5.0, which="supervisor")
+        assert time.monotonic() - started < 1.0
+    finally:
+        proc.wait()
+
+
+def test_a_live_supervisor_counts(tmp_path):
+    paths = run_paths(str(tmp_path), "r")
+    os.makedirs(paths["dir"])
+    write_atomic(paths["supervisor"], stamp(os.getpid()))
+    assert supervisor_alive(paths)

@@ -72,6 +72,19 @@ def proc_start_time(pid):
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def running(pid, start):
+    """Whether process `pid`, started at `start` (proc_start_time), still runs: not a reused
+    pid, and not a zombie. A process that has exited stays in /proc, with its start time, until
+    its parent reaps it; a daemon's parent after a double fork (init, or a container's first
+    process) may take a second or more to, and the job has ended by then."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[19] == start and fields[0] not in ("Z", "X")
+
+
 def job_pids(run_dir):
     """Pids of every live process carrying this run's marker (zombies excluded)."""
     wanted = f"{MARKER}={run_dir}".encode()
@@ -111,9 +124,9 @@ def all_runs_with_processes():
 
 
 def _alive(pid_file):
-    """Whether the process named in a "pid start-time" file still runs (not a reused pid)."""
+    """Whether the process named in a "pid start-time" file still runs (running)."""
     pid, _sep, start = (read_text(pid_file) or "").partition(" ")
-    return pid.isdigit() and proc_start_time(int(pid)) == start
+    return pid.isdigit() and running(int(pid), start)
 
 
 def read_state(paths):
@@ -139,7 +152,7 @@ def read_state(paths):
         else:
             state = "succeeded" if code == 0 else "failed"
         return {"state": state, "pid": pid, "exit_code": code}
-    if proc_start_time(pid) == start or job_pids(paths["dir"]) or _alive(paths["supervisor"]):
+    if running(pid, start) or job_pids(paths["dir"]) or _alive(paths["supervisor"]):
         # Also when torchrun just ended and its supervisor is writing the exit code.
         return {"state": "running", "pid": pid, "exit_code": None}
     # The supervisor died without writing an exit code (node rebooted, OOM killer, kill -9).
