@@ -63,3 +63,19 @@ def test_the_first_output_is_on_the_controllers_clock_and_timed_from_the_launch(
     plan.pop("launched_at")
     timings = summarize("/nonexistent", plan, results, {})["timings"]
     assert "launch" not in timings and timings["first_output"] == 8.5
+
+
+def test_the_summary_says_how_long_after_the_jobs_end_it_came():
+    """n1 (its clock 300 s ahead) ended last, at 999.5 on the controller's clock; a node still
+    running gives no such time."""
+    hostvars = {"n0": watched(999.0, 1000.2, 1000.2, state="succeeded"),
+                "n1": watched(1299.5, 1300.4, 1000.4, state="succeeded")}
+    plan = {"run_id": "r1", "started_at": 990.0,
+            "nodes": [{"host": "n0", "node_rank": 0, "address": "a"},
+                      {"host": "n1", "node_rank": 1, "address": "b"}]}
+    timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars), {})["timings"]
+    # Both are taken from now: total from the plan (990.0), after_end from the end (999.5).
+    assert abs(timings["after_end"] - (timings["total"] - 9.5)) < 0.01
+    hostvars["n1"]["torchherd_watch"].update(job_state="running", ended_at=None)
+    timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars), {})["timings"]
+    assert "after_end" not in timings

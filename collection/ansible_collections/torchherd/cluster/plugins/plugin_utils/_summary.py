@@ -289,10 +289,11 @@ def _called_off(node_dir, node_log):
 PHASES = ("preflight", "sync", "start", "watch", "collect")
 
 
-def phase_timings(started_at, marks, launched_at=None, first_output_at=None):
+def phase_timings(started_at, marks, launched_at=None, first_output_at=None, ended_at=None):
     """Seconds spent in each phase, from the times the phases ended; `launch` (the driver's
-    start and ansible-playbook's, up to the plan) where the driver said when it started, and
-    `first_output`: from the launch (or the plan) to the first output of any rank."""
+    start and ansible-playbook's, up to the plan) where the driver said when it started,
+    `first_output`: from the launch (or the plan) to the first output of any rank, and
+    `after_end`: from the job's end on its last node to now (the summary)."""
     timings, last = {}, started_at
     if launched_at is not None and started_at is not None:
         timings["launch"] = round(float(started_at) - float(launched_at), 3)
@@ -305,6 +306,8 @@ def phase_timings(started_at, marks, launched_at=None, first_output_at=None):
         timings["total"] = round(time.time() - float(origin), 3)
         if first_output_at is not None:
             timings["first_output"] = round(float(first_output_at) - float(origin), 3)
+    if ended_at is not None:
+        timings["after_end"] = round(time.time() - float(ended_at), 3)
     return timings
 
 
@@ -472,7 +475,10 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "timings": phase_timings(
             plan.get("started_at"), marks, plan.get("launched_at"),
             min((h["first_output_at"] for h in hosts.values()
-                 if h.get("first_output_at") is not None), default=None)),
+                 if h.get("first_output_at") is not None), default=None),
+            # Where the job has ended on every node it ran on (not for a detached launch).
+            max((h["ended_at"] for h in hosts.values() if h.get("ended_at") is not None),
+                default=None) if states and all(s in _ENDED for s in states) else None),
         "hosts": hosts,
         "sync": _sync_total(hosts), "hang": hang,
         # The interconnect check of this run (or the measure it reused), without every node's
