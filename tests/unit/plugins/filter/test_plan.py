@@ -187,6 +187,9 @@ def test_srun_spawn_needs_slurm_nodes():
     fails("job.spawn: expected nodes of a SLURM job", spawn="srun")
     hv = {h: dict(v, torchherd_slurm_job_id="42") for h, v in HOSTVARS.items()}
     assert run(hostvars=hv, spawn="srun")["job"]["spawn"] == "srun"
+    # A spare outside the job (node_count 2 of 3) may take a node's place: it is checked too.
+    hv["c"] = HOSTVARS["c"]
+    fails("found c outside one", hostvars=hv, spawn="srun", node_count=2)
 
 
 def test_launchers_other_than_torchrun_take_a_static_rendezvous_and_no_planned_options():

@@ -692,7 +692,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
             nnodes = f"{int(match.group(1))}:{int(match.group(2))}"
 
     if merged["spawn"] == "srun":
-        outside = [n for n in nodes if not hvs[n].get("torchherd_slurm_job_id")]
+        # Spares too: one may take a node's place after preflight.
+        outside = [n for n in nodes + spares if not hvs[n].get("torchherd_slurm_job_id")]
         if outside:
             problems.append(f"job.spawn: expected nodes of a SLURM job (the "
                             f"torchherd.cluster.slurm inventory) for spawn srun, found "
