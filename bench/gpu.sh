@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The launch by hand against torchherd on one GPU machine, side by side in one run: nodes of
 # that machine over ansible_connection=local (no SSH counted), an NCCL all-reduce, one process
-# per GPU. Alternates: torchrun by hand, torchherd relaunch (code unchanged); one full launch
-# (a changed file) first. Writes one JSON line per run and a summary to $OUT (default
-# bench/results/gpu-<date>).
+# per GPU. Alternates: torchrun by hand, torchherd relaunch (code unchanged), a full launch with
+# one changed file; one full launch (a changed file, a fresh root) first. Writes one JSON line
+# per run and a summary to $OUT (default bench/results/gpu-<date>).
 #
-#   PY=/opt/torch/.venv/bin/python bench/gpu.sh [reps] [gpus per node]
+#   PY=/opt/torch/.venv/bin/python bench/gpu.sh [reps] [gpus per node] [nodes]
+#
+# nodes (default 1): that many nodes of the machine, each with its own root and loopback
+# address (127.0.0.1, .2, ...), as inventories/local.ini; by hand, as many torchruns started at
+# once with their node ranks. With more than one node the master's watch waits on its gang.
 #
 # BEFORE=<a directory holding ansible_collections/ of another version> adds a third arm to each
 # repetition, the relaunch with that collection (TORCHHERD_COLLECTIONS_PATH): before and after a
@@ -17,20 +21,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
 NPROC=${2:-1}
+NODES=${3:-1}
 PY=${PY:-python3}
 OUT=${OUT:-bench/results/gpu-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-printf '[torchherd_nodes]\ngpu0 ansible_host=127.0.0.1 torchherd_root=%s/node0\n[torchherd_nodes:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\ntorchherd_firewall_enabled=false\n' "$WORK" > "$WORK/inv.ini"
+{
+  echo '[torchherd_nodes]'
+  for i in $(seq 0 $((NODES - 1))); do
+    echo "gpu$i ansible_host=127.0.0.$((i + 1)) torchherd_root=$WORK/node$i"
+  done
+  printf '[torchherd_nodes:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\ntorchherd_firewall_enabled=false\n'
+} > "$WORK/inv.ini"
 cp -r examples "$WORK/code"
 
 now() { date +%s.%N; }
 by_hand() {
   local s e rc=0
   s=$(now)
-  "$PY" -m torch.distributed.run --nproc-per-node "$NPROC" --master-port 29631 \
-    "$WORK/code/allreduce.py" > "$WORK/hand.log" 2>&1 || rc=$?
+  local pids=() i
+  for i in $(seq 0 $((NODES - 1))); do
+    "$PY" -m torch.distributed.run --nnodes "$NODES" --node-rank "$i" --nproc-per-node "$NPROC" \
+      --master-addr 127.0.0.1 --master-port 29631 \
+      "$WORK/code/allreduce.py" > "$WORK/hand$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=$?; done
   e=$(now)
   "$PY" -c "import json,sys; print(json.dumps({'method': 'hand', 'wall': round($e - $s, 3), 'rc': $rc}))"
 }
@@ -41,15 +58,19 @@ torchherd() {
     --nproc-per-node "$NPROC" --master-port 29632 --json -- allreduce.py \
     > "$WORK/th.json" 2> "$WORK/th.err" || rc=$?
   e=$(now)
-  "$PY" - "$1" "$(python3 -c "print($e - $s)")" "$rc" "$WORK/th.json" <<'EOF'
+  "$PY" - "$1" "$(python3 -c "print($e - $s)")" "$rc" "$WORK/th.json" "$e" <<'EOF'
 import json, sys
 method, wall, rc, path = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 try:
     doc = json.load(open(path))
 except ValueError:
     doc = {}
+# The command's return after the job's end on its last node (the nodes' clocks are this one's).
+ends = [h.get("ended_at") for h in (doc.get("hosts") or {}).values()]
+ends = [t for t in ends if isinstance(t, (int, float))]
 print(json.dumps({"method": method, "wall": round(wall, 3), "rc": rc,
-                  "state": doc.get("state"), "timings": doc.get("timings")}))
+                  "state": doc.get("state"), "timings": doc.get("timings"),
+                  "returned_after_end": round(float(sys.argv[5]) - max(ends), 3) if ends else None}))
 EOF
 }
 
@@ -61,6 +82,9 @@ EOF
     by_hand
     torchherd relaunch
     if [ -n "${BEFORE:-}" ]; then torchherd before "$BEFORE"; fi
+    # A full launch with one changed file (the next relaunch finds the code unchanged again).
+    echo "# $(date -u +%FT%T.%NZ)" >> "$WORK/code/allreduce.py"
+    torchherd changed
   done
 } | tee "$OUT/runs.jsonl"
 
@@ -69,15 +93,19 @@ import json, statistics, sys
 runs = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 env, runs = runs[0], runs[1:]
 print("machine:", env)
-for method in ("hand", "launch", "relaunch", "before"):
+for method in ("hand", "launch", "relaunch", "before", "changed"):
     walls = [r["wall"] for r in runs if r["method"] == method]
     if walls:
         print(f"{method:9s} wall median {statistics.median(walls):6.2f} s  all {walls}")
-for method in ("relaunch", "before"):
+for method in ("relaunch", "before", "changed"):
     rel = [r for r in runs if r["method"] == method and r.get("timings")]
     for key in ("launch", "preflight", "sync", "start", "first_output", "watch", "collect",
-                "total"):
+                "total", "after_end"):
         values = [r["timings"][key] for r in rel if key in r["timings"]]
         if values:
             print(f"{method:8s} {key:12s} median {statistics.median(values):6.2f} s")
+    values = [r["returned_after_end"] for r in rel if r.get("returned_after_end") is not None]
+    if values:
+        print(f"{method:8s} returned after the job's end: median "
+              f"{statistics.median(values):5.2f} s  all {values}")
 EOF
