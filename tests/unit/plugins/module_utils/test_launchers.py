@@ -3,6 +3,10 @@ names kept elsewhere (YAML choices) stay equal to it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -10,6 +14,7 @@ from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import (
     LAUNCHERS,
     distributions,
+    packages,
 )
 from ansible_collections.torchherd.cluster.plugins.modules import node_facts, torchrun_job
 
@@ -39,6 +44,7 @@ def test_every_launcher_holds_the_whole_interface(name):
 
 def test_distributions_leave_out_torchrun_which_comes_with_torch():
     assert distributions() == {"accelerate": "accelerate", "deepspeed": "deepspeed"}
+    assert packages() == {"accelerate": "accelerate", "deepspeed": "deepspeed"}
 
 
 def test_only_torchrun_takes_an_elastic_rendezvous():
@@ -74,6 +80,18 @@ def test_node_facts_reads_the_version_of_every_launchers_distribution():
     assert scope["launcher_versions"]() == {"somelauncher": pytest.__version__}
     assert node_facts.TORCH_PROBE.startswith(node_facts.LAUNCHER_VERSIONS)
     assert node_facts.FINGERPRINT.startswith(node_facts.LAUNCHER_VERSIONS)
+
+
+def test_a_launcher_that_is_not_importable_costs_no_metadata_scan():
+    """Its package not found: version None, and importlib.metadata (a tenth of a second to
+    import, on every launch's fingerprint) is never imported. -S: no site, which may import it."""
+    code = (node_facts.LAUNCHER_VERSIONS
+            + "\nDISTRIBUTIONS = {'gone': 'no-such-distribution-here'}\nPACKAGES = {}\n"
+              "import json, sys\nprint(json.dumps([launcher_versions(), "
+              "'importlib.metadata' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == [{"gone": None}, False]
 
 
 ACCELERATE = {"nnodes": "2", "nproc_per_node": 2, "node_rank": 1, "master_addr": "10.0.0.1",

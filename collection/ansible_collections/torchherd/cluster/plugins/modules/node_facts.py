@@ -407,7 +407,10 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
     visible,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import host_facts
-from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import distributions
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import (
+    distributions,
+    packages,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import (
     interfaces,
     select,
@@ -420,18 +423,25 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._venv import Ven
 
 # The installed version of every launcher that torch does not bring, by its distribution
 # (nothing is imported); part of both programs below, which run in the job's interpreter.
-LAUNCHER_VERSIONS = f"DISTRIBUTIONS = {distributions()!r}\n" + r"""
+LAUNCHER_VERSIONS = (f"DISTRIBUTIONS = {distributions()!r}\nPACKAGES = {packages()!r}\n"
+                     + r"""
 
 def launcher_versions():
+    import importlib.util
     found = {}
     for name, distribution in DISTRIBUTIONS.items():
+        # A launcher whose package this interpreter cannot import is not installed (or cannot
+        # run): importlib.metadata, a tenth of a second to import, only where one is there.
         try:
+            if importlib.util.find_spec(PACKAGES.get(name, distribution)) is None:
+                found[name] = None
+                continue
             import importlib.metadata as md
             found[name] = md.version(distribution)
         except Exception:
             found[name] = None
     return found
-"""
+""")
 
 # Printed as one JSON line by the job interpreter; stays importable on Python 3.8+. With the
 # argument "nvml" (the module read the GPUs from the driver), torch counts them through NVML

@@ -9,6 +9,8 @@ A launcher's module holds:
 - NAME: the job's C(launcher) value.
 - DISTRIBUTION: the Python distribution the job's interpreter needs for it (node_facts reads its
   version, the gate wants it installed and equal everywhere); None where torch brings it.
+- PACKAGE: the package the job's interpreter imports for it (node_facts looks for it before it
+  reads DISTRIBUTION's version); None where torch brings it.
 - FIX: the fix when nodes have different versions of DISTRIBUTION (None without one).
 - PLANNED_OPTIONS: its options that torchherd sets from the plan, refused in launcher_args.
 - constraints(job, nprocs): what it refuses in a plan (the coerced job, each node's process
@@ -44,3 +46,8 @@ def distributions():
     """{launcher name: its distribution} of the launchers that torch does not bring."""
     return {name: launcher.DISTRIBUTION for name, launcher in LAUNCHERS.items()
             if launcher.DISTRIBUTION}
+
+
+def packages():
+    """{launcher name: the package it imports} of the launchers that torch does not bring."""
+    return {name: launcher.PACKAGE for name, launcher in LAUNCHERS.items() if launcher.PACKAGE}

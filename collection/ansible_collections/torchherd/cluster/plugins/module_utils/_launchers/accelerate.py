@@ -10,6 +10,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._launchers.commo
 
 NAME = "accelerate"
 DISTRIBUTION = "accelerate"
+PACKAGE = 'accelerate'
 FIX = ("install the same accelerate on every node (pip install accelerate==<version> in the "
        "job's venv)")
 PLANNED_OPTIONS = frozenset({

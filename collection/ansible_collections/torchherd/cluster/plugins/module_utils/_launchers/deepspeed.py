@@ -14,6 +14,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._launchers.commo
 
 NAME = "deepspeed"
 DISTRIBUTION = "deepspeed"
+PACKAGE = 'deepspeed'
 FIX = ("install the same deepspeed on every node (pip install deepspeed==<version> in the "
        "job's venv)")
 PLANNED_OPTIONS = frozenset({

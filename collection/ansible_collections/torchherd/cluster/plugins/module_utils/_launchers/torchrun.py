@@ -7,6 +7,7 @@ from __future__ import annotations
 NAME = "torchrun"
 # Part of torch, which the gate checks on its own.
 DISTRIBUTION = None
+PACKAGE = None
 FIX = None
 PLANNED_OPTIONS = frozenset({
     "--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
