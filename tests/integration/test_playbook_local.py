@@ -135,3 +135,42 @@ def test_an_inline_host_list_is_a_list_of_hosts(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout)
     assert doc["exit_name"] == "node_unreachable", proc.stderr[-3000:]
     assert sorted(doc["hosts"]) == ["th-a.invalid", "th-b.invalid"]
+
+
+def _interconnect(runs: Path, run_id: str) -> dict:
+    return json.loads((runs / run_id / "preflight.json").read_text())["gate"]["interconnect"]
+
+
+def test_the_interconnect_measure_is_reused_only_for_the_same_nodes(tmp_path: Path) -> None:
+    """Within its age a measure of the same nodes is reused; once a node is replaced (another
+    host in its place, its own root) the nodes are measured again, and its torch probed."""
+    from driver import verify
+
+    def inventory(name: str, second: str, address: str) -> Path:
+        path = tmp_path / f"{name}.ini"
+        path.write_text(
+            "[torchherd_nodes]\n"
+            f"node0 ansible_host=127.0.0.1 torchherd_root={tmp_path}/node0\n"
+            f"{second} ansible_host={address} torchherd_root={tmp_path}/{second}\n"
+            "[torchherd_nodes:vars]\nansible_connection=local\n"
+            "ansible_python_interpreter={{ ansible_playbook_python }}\n"
+            "torchherd_firewall_enabled=false\n")
+        return path
+
+    runs = tmp_path / "runs"
+    job = {"script": "allreduce.py", "code_src": str(CHECKOUT / "examples"),
+           "nproc_per_node": 1, "interconnect": "verify"}
+    first = inventory("first", "node1", "127.0.0.2")
+    for run_id in ("ic-first", "ic-again"):
+        result = verify({**job, "run_id": run_id}, first, runs_dir=runs)
+        assert result.ok, result.reason
+    assert _interconnect(runs, "ic-first")["reused"] is None
+    assert _interconnect(runs, "ic-again")["reused"]["run_id"] == "ic-first"
+    replaced = inventory("replaced", "node2", "127.0.0.3")
+    result = verify({**job, "run_id": "ic-replaced"}, replaced, runs_dir=runs)
+    assert result.ok, result.reason
+    measured = _interconnect(runs, "ic-replaced")
+    assert measured["reused"] is None and measured["ok"], measured
+    facts = json.loads((runs / "ic-replaced" / "preflight.json").read_text())["facts"]
+    assert facts["node2"]["torch"]["cached"] is False
+    assert facts["node0"]["torch"]["cached"] is True
