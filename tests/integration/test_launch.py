@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,11 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
 
 
 def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
-    first = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
-    second = launch(allreduce_job(), cluster3.inventory, runs_dir=tmp_path)
+    code = tmp_path / "code"
+    shutil.copytree(EXAMPLES, code)
+    runs = tmp_path / "runs"
+    first = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
+    second = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
     assert first.ok and second.ok
     assert first.run_id != second.run_id
     # The code on the nodes is what the controller has: the relaunch sends nothing to any of
@@ -87,8 +91,15 @@ def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
     for host in second.hosts.values():
         assert not host.get("sync") or not host["sync"].get("files"), host["sync"]
     # Each run keeps its own directory of logs.
-    assert (tmp_path / first.run_id / "summary.json").exists()
-    assert (tmp_path / second.run_id / "summary.json").exists()
+    assert (runs / first.run_id / "summary.json").exists()
+    assert (runs / second.run_id / "summary.json").exists()
+    # One file changed: the next launch sends it, and only it, to every node.
+    with open(code / "allreduce.py", "a", encoding="utf-8") as handle:
+        handle.write("# changed\n")
+    third = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
+    assert third.ok, third.reason
+    assert third.sync["nodes_sent_to"] == len(cluster3.nodes), third.sync
+    assert all(h["sync"]["files"] == 1 for h in third.hosts.values()), third.hosts
 
 
 def test_unreachable_node_fails_before_anything_starts(cluster3, tmp_path):
