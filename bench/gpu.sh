@@ -99,7 +99,7 @@ for method in ("hand", "launch", "relaunch", "before", "changed"):
         print(f"{method:9s} wall median {statistics.median(walls):6.2f} s  all {walls}")
 for method in ("relaunch", "before", "changed"):
     rel = [r for r in runs if r["method"] == method and r.get("timings")]
-    for key in ("launch", "preflight", "sync", "start", "first_output", "watch", "collect",
+    for key in ("launch", "plan", "preflight", "sync", "start", "first_output", "watch", "collect",
                 "total", "after_end"):
         values = [r["timings"][key] for r in rel if key in r["timings"]]
         if values:

@@ -58,6 +58,10 @@ def test_the_first_output_is_on_the_controllers_clock_and_timed_from_the_launch(
             "nodes": [{"host": "n0", "node_rank": 0, "address": "a"}]}
     timings = summarize("/nonexistent", plan, results, {"preflight": 1004.0})["timings"]
     assert timings["launch"] == 1.5 and timings["preflight"] == 2.5
+    # The plan's record written at 1002.0: the plan is a phase of its own, preflight after it.
+    timings = summarize("/nonexistent", plan, results, {"plan": 1002.0, "preflight": 1004.0})[
+        "timings"]
+    assert timings["plan"] == 0.5 and timings["preflight"] == 2.0
     assert timings["first_output"] == 10.0 and timings["total"] > 10.0
     # ansible-playbook run by hand: no driver, the plan is where the launch began.
     plan.pop("launched_at")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
@@ -47,5 +48,6 @@ class ActionModule(ActionBase):
             os.replace(part, written[-1])
         if not self._task.check_mode:
             os.makedirs(run_dir, mode=0o755, exist_ok=True)
-        result.update(changed=bool(written) or args["claim"], run_dir=run_dir, files=written)
+        result.update(changed=bool(written) or args["claim"], run_dir=run_dir, files=written,
+                      written_at=time.time())
         return result

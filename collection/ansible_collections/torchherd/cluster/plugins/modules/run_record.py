@@ -66,4 +66,9 @@ files:
   type: list
   elements: str
   sample: [/home/me/project/runs/20261121-101500-3fa2/plan.json]
+written_at:
+  description: When the files were written, in seconds since the epoch (the controller's clock).
+  returned: always
+  type: float
+  sample: 1795734221.87
 """

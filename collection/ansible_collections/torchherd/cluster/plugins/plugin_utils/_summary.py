@@ -286,7 +286,7 @@ def _called_off(node_dir, node_log):
     return line.removeprefix("torchherd: ") or "the start was called off at the barrier"
 
 
-PHASES = ("preflight", "sync", "start", "watch", "collect")
+PHASES = ("plan", "preflight", "sync", "start", "watch", "collect")
 
 
 def phase_timings(started_at, marks, launched_at=None, first_output_at=None, ended_at=None):
