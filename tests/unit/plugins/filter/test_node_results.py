@@ -80,6 +80,14 @@ def test_the_summary_says_how_long_after_the_jobs_end_it_came():
     timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars), {})["timings"]
     # Both are taken from now: total from the plan (990.0), after_end from the end (999.5).
     assert abs(timings["after_end"] - (timings["total"] - 9.5)) < 0.01
+    # A standby the job did not need ended later (at 1005.0): not the job's end.
+    hostvars["n2"] = watched(1005.0, 1005.2, 1005.2, state="standby")
+    plan["nodes"].append({"host": "n2", "node_rank": None, "address": "c"})
+    with_standby = summarize("/nonexistent", plan, node_results(["n0", "n1", "n2"], hostvars),
+                             {})["timings"]
+    assert abs(with_standby["after_end"] - (with_standby["total"] - 9.5)) < 0.01
+    hostvars.pop("n2")
+    plan["nodes"].pop()
     hostvars["n1"]["torchherd_watch"].update(job_state="running", ended_at=None)
     timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars), {})["timings"]
     assert "after_end" not in timings

@@ -85,3 +85,21 @@ def test_a_live_supervisor_counts(tmp_path):
     os.makedirs(paths["dir"])
     write_atomic(paths["supervisor"], stamp(os.getpid()))
     assert supervisor_alive(paths)
+
+
+def test_an_exit_code_written_while_the_state_is_read_is_not_lost(tmp_path, monkeypatch):
+    """The supervisor writes the exit code and ends between the first look (no exit code yet)
+    and the looks for anything alive: the job ended, it was not lost."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils import _rundir
+
+    paths = run_paths(str(tmp_path), "r")
+    os.makedirs(paths["dir"])
+    write_atomic(paths["pid"], f"{dead_pid()} 12345")
+    write_atomic(paths["supervisor"], f"{dead_pid()} 12345")
+
+    def scan_while_it_ends(run_dir):
+        write_atomic(paths["exit_code"], "0\n")
+        return []
+
+    monkeypatch.setattr(_rundir, "job_pids", scan_while_it_ends)
+    assert read_state(paths)["state"] == "succeeded"

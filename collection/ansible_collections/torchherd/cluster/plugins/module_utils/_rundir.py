@@ -137,6 +137,8 @@ def read_state(paths):
         # A start in the background: its supervisor waits at the barrier before the launcher.
         if _alive(paths["supervisor"]) and read_text(paths["exit_code"]) is None:
             return {"state": "running", "pid": None, "exit_code": None}
+        if read_text(paths["pid"]) is not None:
+            return read_state(paths)  # its supervisor wrote it (and maybe ended) since the look
         return {"state": "absent", "pid": None, "exit_code": None}
     pid, _sep, start = pid_text.partition(" ")
     pid = int(pid)
@@ -155,6 +157,9 @@ def read_state(paths):
     if running(pid, start) or job_pids(paths["dir"]) or _alive(paths["supervisor"]):
         # Also when torchrun just ended and its supervisor is writing the exit code.
         return {"state": "running", "pid": pid, "exit_code": None}
+    if read_text(paths["exit_code"]) is not None:
+        # The supervisor wrote the exit code and ended between the first look and these.
+        return read_state(paths)
     # The supervisor died without writing an exit code (node rebooted, OOM killer, kill -9).
     return {"state": "lost", "pid": pid, "exit_code": None}
 

@@ -477,7 +477,9 @@ def summarize(run_dir, plan, results, marks, previous=None):
             min((h["first_output_at"] for h in hosts.values()
                  if h.get("first_output_at") is not None), default=None),
             # Where the job has ended on every node it ran on (not for a detached launch).
-            max((h["ended_at"] for h in hosts.values() if h.get("ended_at") is not None),
+            # A standby the job did not need ends after it: not counted.
+            max((h["ended_at"] for name, h in hosts.items()
+                 if h.get("ended_at") is not None and name not in waited),
                 default=None) if states and all(s in _ENDED for s in states) else None),
         "hosts": hosts,
         "sync": _sync_total(hosts), "hang": hang,
