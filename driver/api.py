@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import re
 import secrets
@@ -266,6 +267,49 @@ def _plugin_config(source: str) -> bool:
     return isinstance(data, dict) and "plugin" in data
 
 
+def _may_hold_a_job(source: str) -> bool:
+    """Whether Ansible could find a torchherd_job in this inventory source, told without
+    Ansible's inventory: what reading it costs (its managers' imports, ~0.25 s) is on every
+    launch's way to its first step. False only where none can be there: no file Ansible would
+    read for the source's variables (the source itself, its group_vars and host_vars, every
+    file of a source directory) names the key, none is vaulted, none is an inventory script,
+    and Ansible's configuration enables no vars plugin beyond host_group_vars, nor puts any in
+    a vars plugin path. Anything else (an unreadable file, a directory linked in) reads the
+    inventory."""
+    from ansible import constants
+
+    enabled = set(constants.VARIABLE_PLUGINS_ENABLED or ()) - {"", "host_group_vars",
+                                                               "ansible.builtin.host_group_vars"}
+    legacy = [Path(d) for d in constants.DEFAULT_VARS_PLUGIN_PATH or () if Path(d).is_dir()]
+    if enabled or any(any(d.iterdir()) for d in legacy):
+        return True
+    path = Path(source)
+    if not path.exists():
+        # An inline host list (node1,node2,) has no variables' files; anything else is for
+        # Ansible to read (and to report).
+        return "," not in source
+    sources = [path] if path.is_file() else []
+    roots = [path] if path.is_dir() else [path.parent / "group_vars", path.parent / "host_vars"]
+    varfiles: list[Path] = []
+    for root in roots:
+        for top, dirs, files in os.walk(root):
+            if any(Path(top, d).is_symlink() for d in dirs):
+                return True
+            varfiles += [Path(top, f) for f in files]
+    if path.is_dir():
+        sources = [f for f in varfiles if not {"group_vars", "host_vars"} & set(f.parts)]
+    for file in {*sources, *varfiles}:
+        if file in sources and os.access(file, os.X_OK):
+            return True
+        try:
+            data = file.read_bytes()
+        except OSError:
+            return True
+        if b"torchherd_job" in data or b"$ANSIBLE_VAULT" in data:
+            return True
+    return False
+
+
 def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
     """The job the inventory defines, and the host it was read from: as the plan role's
     default takes it (roles/plan/defaults/main.yml), the torchherd_job of the first inventory
@@ -274,6 +318,13 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
     The driver passes its job as extra vars, which hide the inventory's job from the plan:
     so it reads that job here, with Ansible's own inventory and variable managers, and puts the
     caller's keys over it."""
+    if _plugin_config(source):
+        # An inventory plugin's configuration (torchherd.cluster.slurm, say): the plugin is a
+        # collection's, which this process does not load; ansible-playbook reads it, and the job
+        # is the role's default there.
+        return "", {}
+    if not _may_hold_a_job(source):
+        return "", {}
     from ansible import constants
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
@@ -281,11 +332,6 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
-    if _plugin_config(source):
-        # An inventory plugin's configuration (torchherd.cluster.slurm, say): the plugin is a
-        # collection's, which this process does not load; ansible-playbook reads it, and the job
-        # is the role's default there.
-        return "", {}
     loader = DataLoader()
     name = ""
     try:

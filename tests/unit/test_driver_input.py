@@ -200,3 +200,45 @@ def test_an_inventory_plugins_configuration_is_left_to_ansible_playbook(tmp_path
     source.write_text("plugin: torchherd.cluster.slurm\n")
     monkeypatch.setenv("ANSIBLE_INVENTORY_UNPARSED_FAILED", "true")
     assert inventory_job(str(source)) == ("", {})
+
+
+def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(tmp_path):
+    """Reading an inventory through Ansible costs every launch ~0.25 s before ansible-playbook
+    starts: the driver does it only where a file Ansible reads for the source's variables names
+    the job (or is vaulted, or is a script), or a vars plugin of the configuration could."""
+    import subprocess
+    import sys
+
+    from driver.api import _may_hold_a_job
+
+    inventory = _inventory_with_a_job(tmp_path)
+    assert _may_hold_a_job(str(inventory)) and _may_hold_a_job(str(inventory.parent))
+    (inventory.parent / "group_vars" / "torchherd_nodes.yml").write_text("ansible_user: u\n")
+    assert not _may_hold_a_job(str(inventory)) and not _may_hold_a_job(str(inventory.parent))
+    (inventory.parent / "host_vars").mkdir()
+    (inventory.parent / "host_vars" / "localhost.yml").write_text("torchherd_job: {}\n")
+    assert _may_hold_a_job(str(inventory))
+    (inventory.parent / "host_vars" / "localhost.yml").unlink()
+    inventory.write_text(inventory.read_text() + "[all:vars]\ntorchherd_job={'script': 'a.py'}\n")
+    assert _may_hold_a_job(str(inventory))
+    assert not _may_hold_a_job("192.0.2.7,192.0.2.8,")
+    script = tmp_path / "inventory.sh"
+    script.write_text("#!/bin/sh\necho '{}'\n")
+    script.chmod(0o755)
+    assert _may_hold_a_job(str(script))
+
+    plain = tmp_path / "plain.ini"
+    plain.write_text("[torchherd_nodes]\nn0 ansible_host=192.0.2.1\n")
+    read = ("import sys; from driver.api import inventory_job, _may_hold_a_job; "
+            "print(inventory_job(sys.argv[1]), _may_hold_a_job(sys.argv[1]), "
+            "'ansible.inventory.manager' in sys.modules)")
+    root = Path(__file__).resolve().parents[2]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", read, str(plain)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.split() == ["('',", "{})", "False", "False"], done.stderr
+    # A vars plugin enabled in the configuration could give a job: the inventory is read.
+    env["ANSIBLE_VARS_ENABLED"] = "host_group_vars,example.site.vars"
+    done = subprocess.run([sys.executable, "-c", read, str(plain)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.split()[-2:] == ["True", "True"], done.stderr
