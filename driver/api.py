@@ -297,7 +297,8 @@ def _may_hold_a_job(source: str) -> bool:
                 return True
             varfiles += [Path(top, f) for f in files]
     if path.is_dir():
-        sources = [f for f in varfiles if not {"group_vars", "host_vars"} & set(f.parts)]
+        sources = [f for f in varfiles
+                   if not {"group_vars", "host_vars"} & set(f.relative_to(path).parts)]
     for file in {*sources, *varfiles}:
         if file in sources and os.access(file, os.X_OK):
             return True

@@ -226,6 +226,14 @@ def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(t
     script.write_text("#!/bin/sh\necho '{}'\n")
     script.chmod(0o755)
     assert _may_hold_a_job(str(script))
+    # A script among a directory's sources runs (its output may hold a job); a file of
+    # group_vars is only read.
+    inventory.write_text("[torchherd_nodes]\nn0 ansible_host=192.0.2.1\n")
+    assert not _may_hold_a_job(str(inventory.parent))
+    (inventory.parent / "group_vars" / "torchherd_nodes.yml").chmod(0o755)
+    assert not _may_hold_a_job(str(inventory.parent))
+    script.rename(inventory.parent / "dynamic.sh")
+    assert _may_hold_a_job(str(inventory.parent))
 
     plain = tmp_path / "plain.ini"
     plain.write_text("[torchherd_nodes]\nn0 ansible_host=192.0.2.1\n")
