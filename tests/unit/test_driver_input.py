@@ -202,14 +202,22 @@ def test_an_inventory_plugins_configuration_is_left_to_ansible_playbook(tmp_path
     assert inventory_job(str(source)) == ("", {})
 
 
-def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(tmp_path):
+def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(tmp_path,
+                                                                              monkeypatch):
     """Reading an inventory through Ansible costs every launch ~0.25 s before ansible-playbook
     starts: the driver does it only where a file Ansible reads for the source's variables names
     the job (or is vaulted, or is a script), or a vars plugin of the configuration could."""
     import subprocess
     import sys
 
+    from ansible import constants
+
     from driver.api import _may_hold_a_job
+
+    # Ansible's defaults, whatever this machine's configuration holds (a vars plugin in
+    # ~/.ansible/plugins/vars would read every inventory, rightly).
+    monkeypatch.setattr(constants, "VARIABLE_PLUGINS_ENABLED", ["host_group_vars"])
+    monkeypatch.setattr(constants, "DEFAULT_VARS_PLUGIN_PATH", [str(tmp_path / "no-plugins")])
 
     inventory = _inventory_with_a_job(tmp_path)
     assert _may_hold_a_job(str(inventory)) and _may_hold_a_job(str(inventory.parent))
@@ -241,12 +249,20 @@ def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(t
             "print(inventory_job(sys.argv[1]), _may_hold_a_job(sys.argv[1]), "
             "'ansible.inventory.manager' in sys.modules)")
     root = Path(__file__).resolve().parents[2]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "ANSIBLE_VARS_PLUGINS": str(tmp_path / "no-plugins")}
     done = subprocess.run([sys.executable, "-c", read, str(plain)], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
     assert done.stdout.split() == ["('',", "{})", "False", "False"], done.stderr
     # A vars plugin enabled in the configuration could give a job: the inventory is read.
     env["ANSIBLE_VARS_ENABLED"] = "host_group_vars,example.site.vars"
+    done = subprocess.run([sys.executable, "-c", read, str(plain)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.split()[-2:] == ["True", "True"], done.stderr
+    # So could a vars plugin of the old kind, on a vars plugin path (they run unasked).
+    del env["ANSIBLE_VARS_ENABLED"]
+    (tmp_path / "no-plugins").mkdir()
+    (tmp_path / "no-plugins" / "site_vars.py").write_text("")
     done = subprocess.run([sys.executable, "-c", read, str(plain)], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
     assert done.stdout.split()[-2:] == ["True", "True"], done.stderr
