@@ -288,11 +288,12 @@ class Progress:
             return _some(self._set(host, phase, "unreachable", _first_line(res.get("msg"))))
         # A watch that ends in a failed job fails its task on purpose (the gang stop is its
         # rescue): the job's own state and last line say more than the task's message. A fail
-        # task restates what was found before, on whichever host it runs (the gate's verdict
-        # runs once, for all): the rows hold that already.
+        # task, or a debug that fails (the gate's table where it found a problem), restates
+        # what was found before, on whichever host it runs (the gate's verdict runs once, for
+        # all): the rows hold that already.
         if (kind == "runner_on_failed" and not data.get("ignore_errors")
                 and "job_state" not in res):
-            if module_of(data) == "ansible.builtin.fail":
+            if module_of(data) in ("ansible.builtin.fail", "ansible.builtin.debug"):
                 return []
             return _some(self._set(host, phase, "failed", _first_line(res.get("msg"))))
         if kind not in ("runner_on_ok", "runner_retry") and "job_state" not in res:

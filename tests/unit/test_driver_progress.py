@@ -67,8 +67,8 @@ def role_files(root, name):
     run_dir: {root / 'runs' / RUN}
     files: {{preflight.json: "{{}}"}}
   run_once: true
-- name: {name('Stop before anything starts')}
-  ansible.builtin.fail:
+- name: {name('Show the nodes, or stop before anything starts')}
+  ansible.builtin.debug:
     msg: preflight failed
   failed_when: false
   run_once: true
@@ -237,9 +237,11 @@ def test_events_fold_into_rows_and_plain_lines(events):
     assert (progress.rows["n1"].phase, progress.rows["n1"].state) == ("stop", "absent")
     # The plan's set_fact holds a secret value; no line shows it.
     assert not any("s3cret" in line for line in lines)
-    # The fail task of the preflight role restates the gate: not a failure of its host.
-    fail = task_event(events, "runner_on_ok", "preflight", "ansible.builtin.fail", "n0")
+    # The preflight role's table, failing where the gate found a problem, restates the gate:
+    # not a failure of its host.
+    fail = task_event(events, "runner_on_ok", "preflight", "ansible.builtin.debug", "n0")
     fail["event"] = "runner_on_failed"
+    fail["event_data"]["res"] = {"failed": True, "msg": "preflight failed, the job was not started"}
     assert Progress().update(fail) == []
 
 

@@ -91,3 +91,47 @@ def test_the_summary_says_how_long_after_the_jobs_end_it_came():
     hostvars["n1"]["torchherd_watch"].update(job_state="running", ended_at=None)
     timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars), {})["timings"]
     assert "after_end" not in timings
+
+
+def test_the_sync_and_the_start_end_where_the_last_node_record_says():
+    """No play marks the sync's or the start's end: the node records do. The sync ends with the
+    last node's copy (at preflight's end where every node had the code), the start with the
+    last node's answer; a phase a node did not finish gets no end."""
+    def node(rank, sync, start):
+        return {"torchherd_node": {"node_rank": rank}, "torchherd_sync": sync,
+                "torchherd_start": start}
+
+    hostvars = {
+        "n0": node(0, {"skipped": True}, {"started": True, "job_state": "running",
+                                          "checked_at": 13.0, "received_at": 13.5}),
+        "n1": node(1, {"transferred_files": 1, "transferred_bytes": 9, "ended_at": 11.0},
+                   {"started": True, "job_state": "running", "checked_at": 14.0,
+                    "received_at": 14.0}),
+    }
+    plan = {"run_id": "r1", "started_at": 1.0,
+            "nodes": [{"host": "n0", "node_rank": 0, "address": "a"},
+                      {"host": "n1", "node_rank": 1, "address": "b"}]}
+    results = node_results(["n0", "n1"], hostvars)
+    assert results["n1"]["sync_ended_at"] == 11.0 and results["n0"]["sync_ended_at"] is None
+    assert results["n0"]["start_answered_at"] == 13.5
+    timings = summarize("/nonexistent", plan, results, {"plan": 2.0, "preflight": 10.0})["timings"]
+    assert (timings["preflight"], timings["sync"], timings["start"]) == (8.0, 1.0, 3.0)
+
+    # Every node had the code: the sync took no time.
+    hostvars["n1"]["torchherd_sync"] = {"skipped": True}
+    timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars),
+                        {"preflight": 10.0})["timings"]
+    assert (timings["sync"], timings["start"]) == (0.0, 4.0)
+
+    # The barrier called the start off on n1: no end of the start.
+    hostvars["n1"]["torchherd_start"] = {"started": False, "job_state": "absent",
+                                         "checked_at": 14.0, "received_at": 14.0}
+    timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars),
+                        {"preflight": 10.0})["timings"]
+    assert "sync" in timings and "start" not in timings
+
+    # A sync that failed on n1 (the launch ended there): no end of the sync either.
+    hostvars["n1"] = node(1, {"failed": True, "msg": "rsync push failed"}, None)
+    timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars),
+                        {"preflight": 10.0})["timings"]
+    assert "sync" not in timings and "start" not in timings

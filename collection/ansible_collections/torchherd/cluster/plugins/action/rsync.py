@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import time
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
@@ -178,4 +179,7 @@ class ActionModule(ActionBase):
                     + (f" ({len(missing)} file(s) missing, e.g. {missing[0]})" if missing else "")
                     + f" {remote.get('msg', '')}; fix: check free disk and permissions at "
                     f"{args['dest']}", result=result)
+        # When the node's copy was done, on the controller's clock: the last node's is the
+        # end of the sync phase (summary.json's timings).
+        result["ended_at"] = round(time.time(), 3)
         return result

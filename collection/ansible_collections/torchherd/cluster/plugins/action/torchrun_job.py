@@ -113,7 +113,7 @@ class ActionModule(NormalAction):
 
     def run(self, tmp=None, task_vars=None):
         result = self._run(tmp, task_vars)
-        if isinstance(result, dict) and result.get("checked_at") is not None:
+        if isinstance(result, dict) and not result.get("unreachable"):
             result["received_at"] = time.time()
         return result
 

@@ -57,6 +57,9 @@ _value:
     - Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable),
       C(error), C(last_line), C(started_at), C(ended_at), C(first_output_at), C(checked_at),
       C(clock_offset), C(logs_fetched), C(sync).
+    - C(sync_ended_at) (when the node's sync sent its code, null where nothing was sent) and
+      C(start_answered_at) (when the answer of the start that started its job came back) are
+      the controller's times, where the sync and the start phases ended (the latest node's).
     - Where torchrun restarts the workers itself, C(attempts) (by attempt number, when each
       started here and when its ranks first said something) and C(standby_used) (a
       standby's, once it ended; else null).
@@ -135,6 +138,11 @@ def node_results(hosts, hostvars, nodes_dir=""):
         elif "transferred_files" in sync:
             entry["sync"] = {"files": sync["transferred_files"],
                              "bytes": sync["transferred_bytes"]}
+        # Where the launch's phases ended on this node, on the controller's clock: its sync's
+        # copy (none where nothing was sent) and the answer of a start that started the job.
+        start = _plain(hv.get("torchherd_start"))
+        entry["sync_ended_at"] = sync.get("ended_at")
+        entry["start_answered_at"] = start.get("received_at") if start.get("started") else None
         out[host] = entry
     for host, entry in out.items():
         # A lost node's moment of loss, as the master saw it, on the controller's clock.

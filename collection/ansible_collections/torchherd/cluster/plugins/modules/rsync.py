@@ -121,6 +121,11 @@ hash:
   returned: when O(expect_hash) is set
   type: str
   sample: 9f2c1e...
+ended_at:
+  description: When the copy (and its hash check) was done, in seconds since the epoch on the controller's clock.
+  returned: success
+  type: float
+  sample: 1795756492.91
 cmd:
   description: The rsync command line (SSH options included), as an argv list.
   returned: always

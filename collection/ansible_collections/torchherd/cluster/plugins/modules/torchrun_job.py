@@ -528,6 +528,13 @@ checked_at:
   returned: except when O(state=started)
   type: float
   sample: 1763700011.0
+received_at:
+  description:
+    - Unix time (the controller's clock) the answer came back to the controller (the module's
+      action sets it). With RV(checked_at) it gives how far the node's clock is off.
+  returned: unless the node was unreachable
+  type: float
+  sample: 1763700011.2
 ended_at:
   description: Unix time the job ended on this node.
   returned: when the job ended

@@ -311,6 +311,22 @@ def phase_timings(started_at, marks, launched_at=None, first_output_at=None, end
     return timings
 
 
+def phase_ends(marks, results):
+    """The phases' ends: ``marks`` (the plays' own), with the sync's and the start's taken from
+    the node records (node_results) where the plays left them out. The sync ended when the last
+    node's copy came back (at preflight's end where no node needed one), once every node's sync
+    is recorded; the start when the last node's answer came back, once every node started."""
+    ends, nodes = dict(marks), list(results.values())
+    if nodes and "preflight" in ends and "sync" not in ends \
+            and all(n.get("sync") is not None for n in nodes):
+        ends["sync"] = max([float(ends["preflight"])] + [float(n["sync_ended_at"]) for n in nodes
+                                                           if n.get("sync_ended_at") is not None])
+    if nodes and "sync" in ends and "start" not in ends \
+            and all(n.get("start_answered_at") is not None for n in nodes):
+        ends["start"] = max(float(n["start_answered_at"]) for n in nodes)
+    return ends
+
+
 _ENDED = ("succeeded", "failed", "stopped", "timed_out", "standby")
 
 
@@ -473,7 +489,9 @@ def summarize(run_dir, plan, results, marks, previous=None):
         "world_size": plan.get("world_size"), "nnodes": plan.get("nnodes"),
         "nproc_per_node": plan.get("nproc_per_node"), "master": plan.get("master"),
         "timings": phase_timings(
-            plan.get("started_at"), marks, plan.get("launched_at"),
+            plan.get("started_at"), phase_ends(marks, {n["host"]: results.get(n["host"], {})
+                                                       for n in plan["nodes"]}),
+            plan.get("launched_at"),
             min((h["first_output_at"] for h in hosts.values()
                  if h.get("first_output_at") is not None), default=None),
             # Where the job has ended on every node it ran on (not for a detached launch).
