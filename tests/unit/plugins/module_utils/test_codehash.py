@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,10 +130,26 @@ def test_code_hash_counts_bytes_and_explains_what_it_left_out(tmp_path: Path) ->
 
 def test_without_pathspec_only_a_tree_with_ignore_files_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_codehash, "GitIgnoreSpec", None)
+    # pathspec not installed: its import fails (None in sys.modules makes it raise).
+    monkeypatch.setitem(sys.modules, "pathspec", None)
     plain = tree(tmp_path / "plain", {"train.py": ""})
     assert listed(plain) == ["train.py"]
     ignoring = tree(tmp_path / "ignoring", {"train.py": "", "sub/.gitignore": "*.bin\n"})
-    with pytest.raises(MissingLibrary, match=r"sub/\.gitignore under .*pathspec"):
+    with pytest.raises(MissingLibrary, match=r"sub/\.gitignore under .*pathspec") as missing:
         listed(ignoring)
+    # The module's failure carries the import's own traceback.
+    assert "from pathspec import GitIgnoreSpec" in missing.value.import_error
     assert listed(ignoring, gitignore=False) == ["sub/.gitignore", "train.py"]
+
+
+def test_a_node_that_hashes_a_list_never_imports_pathspec() -> None:
+    """node_facts hashes the code already on the node from the controller's list: importing
+    pathspec there (where it is installed, as here) would cost every preflight 30-40 ms."""
+    collection = Path(_codehash.__file__).parents[5]
+    code = (f"import sys; sys.path.insert(0, {str(collection)!r})\n"
+            "import ansible_collections.torchherd.cluster.plugins.modules.node_facts\n"
+            "print('pathspec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
+    import pathspec  # noqa: F401  installed here: the test above would have seen its import

@@ -9,16 +9,6 @@ import hashlib
 import os
 import traceback
 
-# Only listing a tree that holds ignore files needs pathspec: the controller does that (the
-# plan), while the nodes import this file to hash a given list, and need nothing beyond Python.
-try:
-    from pathspec import GitIgnoreSpec
-except ImportError:
-    GitIgnoreSpec = None
-    PATHSPEC_IMPORT_ERROR = traceback.format_exc()
-else:
-    PATHSPEC_IMPORT_ERROR = None
-
 # Read in every directory of the tree, as git does.
 GITIGNORE = ".gitignore"
 # Read at the root only, after the .gitignore files: its rules win (what git tracks but the
@@ -27,7 +17,25 @@ TORCHHERDIGNORE = ".torchherdignore"
 
 
 class MissingLibrary(Exception):
-    """An ignore file was found but pathspec, which reads it, is not installed here."""
+    """An ignore file was found but pathspec, which reads it, is not installed here;
+    ``import_error`` holds the failed import's traceback."""
+
+    def __init__(self, msg, import_error=None):
+        super().__init__(msg)
+        self.import_error = import_error
+
+
+def gitignore_spec():
+    """pathspec's GitIgnoreSpec, imported where an ignore file is read. Only listing a tree that
+    holds ignore files needs it: the controller does that (the plan), while the nodes import this
+    file to hash a given list and need nothing beyond Python; where pathspec is installed on a
+    node, importing it there would cost every preflight 30-40 ms for nothing. Raises
+    MissingLibrary (with the import's traceback) where it is not installed."""
+    try:
+        from pathspec import GitIgnoreSpec
+    except ImportError as exc:
+        raise MissingLibrary("", traceback.format_exc()) from exc
+    return GitIgnoreSpec
 
 
 def excluded(relpath, patterns):
@@ -54,7 +62,7 @@ class _IgnoreFile:
         # pathspec drops empty lines; numbering them here keeps a rule's line number.
         self.lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line]
         self.base = base
-        self.spec = GitIgnoreSpec.from_lines([line for _number, line in self.lines])
+        self.spec = gitignore_spec().from_lines([line for _number, line in self.lines])
 
     def verdict(self, rel, is_dir):
         """(ignored, rule) from the file's last matching rule, or None where no rule matches."""
@@ -83,11 +91,13 @@ class Rules:
     def _load(self, base, name):
         if not os.path.isfile(os.path.join(self.root, base, name)):
             return []
-        if GitIgnoreSpec is None:
+        try:
+            gitignore_spec()
+        except MissingLibrary as exc:
             raise MissingLibrary(
                 f"{base}{name} under {self.root}: reading an ignore file needs the Python "
                 "library pathspec, which is not installed here; fix: install pathspec, or list "
-                "the tree on the controller")
+                "the tree on the controller", exc.import_error) from None
         return [_IgnoreFile(self.root, base, name)]
 
     def _chain(self, rel_dir):

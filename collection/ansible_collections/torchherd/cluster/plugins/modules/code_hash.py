@@ -116,7 +116,6 @@ import os
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import (
-    PATHSPEC_IMPORT_ERROR,
     MissingLibrary,
     code_hash,
 )
@@ -141,7 +140,7 @@ def main():
         result = code_hash(p["path"], p["files"], p["excludes"], p["gitignore"], p["explain"])
     except MissingLibrary as exc:
         module.fail_json(msg=f"{missing_required_lib('pathspec')} ({exc})",
-                         exception=PATHSPEC_IMPORT_ERROR)
+                         exception=exc.import_error)
     if not p["return_files"]:
         result.pop("files", None)
     module.exit_json(**result)
