@@ -319,8 +319,8 @@ def phase_ends(marks, results):
     ends, nodes = dict(marks), list(results.values())
     if nodes and "preflight" in ends and "sync" not in ends \
             and all(n.get("sync") is not None for n in nodes):
-        ends["sync"] = max([float(ends["preflight"])] + [float(n["sync_ended_at"]) for n in nodes
-                                                           if n.get("sync_ended_at") is not None])
+        copies = [float(n["sync_ended_at"]) for n in nodes if n.get("sync_ended_at") is not None]
+        ends["sync"] = max([float(ends["preflight"])] + copies)
     if nodes and "sync" in ends and "start" not in ends \
             and all(n.get("start_answered_at") is not None for n in nodes):
         ends["start"] = max(float(n["start_answered_at"]) for n in nodes)
