@@ -59,6 +59,8 @@ def expected(forks, barrier, job, live=0):
         "teardown": "none" if detach else "nodes_with_rules",
         # One wait speaks for the job: a live view gets word in its rounds, else the job's.
         "round": 0 if detach else live if live and alone and not hang else 3600,
+        # torchrun on the nodes themselves: its launcher starts ahead, whatever else.
+        "warm": True,
     }
 
 
@@ -72,12 +74,12 @@ def test_truth_table(forks, barrier, kind, live):
         "hosts": s["watch"]["hosts"], "strategy": s["watch"]["strategy"],
         "stops_all": s["watch"]["stops_all"], "once": s["watch"]["once"],
         "if_gang_incomplete": s["watch"]["if_gang_incomplete"], "teardown": s["teardown"],
-        "round": s["watch"]["round"],
+        "round": s["watch"]["round"], "warm": s["start"]["warm"],
     }
     assert got == expected(forks, barrier, JOBS[kind], live)
     # Every decision says why.
     assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart",
-                             "venv", "container"}
+                             "venv", "container", "start"}
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -189,3 +191,22 @@ def test_the_schedule_says_where_the_jobs_venv_is_made(tmp_path):
     (tmp_path / "req.lock").write_text("numpy==2.4.6\n")
     s = schedule(planned(code_src=str(tmp_path), venv={"lock": "req.lock"}), 4)
     assert s["venv"] == "facts" and "req.lock" in s["why"]["venv"]
+
+
+def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job():
+    warm = schedule(planned(), 4)["start"]
+    assert warm == {"warm": True, "module": "torch.distributed.run", "deadline": 64.0}
+    off = {"a node turns it off": schedule(plan(
+               {"script": "train.py"}, GROUPS,
+               dict(HOSTVARS, n2=dict(HOSTVARS["n2"], torchherd_torchrun_warm="false")),
+               run_id="r1"), 4),
+           "another launcher": schedule(planned(launcher="deepspeed"), 4),
+           "srun starts it": schedule(plan(
+               {"script": "train.py", "spawn": "srun"}, GROUPS,
+               {h: dict(hv, torchherd_slurm_job_id="42") for h, hv in HOSTVARS.items()},
+               run_id="r1"), 4),
+           "verify": schedule(planned(), 4, playbook="verify")}
+    for why, s in off.items():
+        assert s["start"] == {"warm": False, "module": None, "deadline": 64.0}, why
+        assert s["why"]["start"].startswith("the launcher starts with the start: "), why
+    assert "torchherd_torchrun_warm false" in off["a node turns it off"]["why"]["start"]

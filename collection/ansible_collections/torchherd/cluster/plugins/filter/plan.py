@@ -235,6 +235,10 @@ _value:
       description: Whether the start's barrier is on (false where a node's
         C(torchherd_torchrun_barrier) turns it off); the schedule decides where it runs.
       type: bool
+    warm:
+      description: Whether the launcher may be started ahead, in preflight (false where a node's
+        C(torchherd_torchrun_warm) turns it off); the schedule decides whether it is.
+      type: bool
 """
 
 import copy
@@ -739,6 +743,10 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     barriers = [_host_setting(h, hvs[h], "torchherd_torchrun_barrier", True, boolean, problems)
                 for h in candidates]
     barrier = False not in barriers
+    # The launcher started ahead in preflight (the schedule's start.warm): off where any node's
+    # torchherd_torchrun_warm turns it off.
+    warm = False not in [_host_setting(h, hvs[h], "torchherd_torchrun_warm", True, boolean,
+                                       problems) for h in candidates]
 
     # gloo and NCCL connect between the nodes on ports the kernel picks: mode ports without
     # ports (the master port is the rendezvous's alone) would let the rendezvous through and
@@ -809,6 +817,7 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
                    "addr": merged["master_addr"] or addresses[master],
                    "port": port},
         "barrier": barrier,
+        "warm": warm,
     }
 
 

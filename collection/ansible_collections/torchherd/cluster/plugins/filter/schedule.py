@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
+
 DOCUMENTATION = r"""
 name: schedule
 author: torchherd developers
@@ -31,6 +33,9 @@ description:
     applied per node by its facts), except where the interconnect check needs the rules before
     the start; the job's supervisor closes what the start opened, and the teardown visits only
     the nodes whose rules are still in place (C(teardown)).
+  - Where the launcher allows it (torchrun), each node's launcher starts ahead, in preflight's
+    facts call, and imports torch while the launch goes on; the start hands it the job
+    (C(start.warm)).
 positional: _input
 options:
   _input:
@@ -100,6 +105,22 @@ _value:
           description: Whether the start opens the rules on the nodes where the job runs as
             root (the firewall role on the others); the supervisor closes them at the job's end.
           type: bool
+    start:
+      description: How each node's launcher starts.
+      type: dict
+      contains:
+        warm:
+          description: Whether it starts ahead, in preflight's facts call, and waits there for
+            the start with its module imported (M(torchherd.cluster.node_facts)'s O(warm)); not
+            under srun, in the job's image, for a launcher without a C(WARM_MODULE), or where
+            C(torchherd_torchrun_warm) is false.
+          type: bool
+        module:
+          description: The module it imports ahead (C(torch.distributed.run)), null where not warm.
+          type: str
+        deadline:
+          description: Seconds a warm launcher waits for the start before it ends by itself.
+          type: float
     watch:
       description: How the job is watched.
       type: dict
@@ -341,6 +362,22 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
         f"runtime and the image (pull {image.get('pull')}) in preflight's facts call, which "
         "reads torch inside it (cached while the image's id is the same); the start runs the "
         "launcher in it" if image else "no image: the launcher runs on each node itself")
+    # The launcher started ahead, in preflight's facts call, so that its imports (torch) are
+    # done by the start; it waits for the start up to its deadline, a minute and a second per
+    # node (the forks' batches and the sync come between).
+    module = LAUNCHERS[job.get("launcher") or "torchrun"].WARM_MODULE
+    warm_off = ("turned off (torchherd_torchrun_warm false)" if not plan.get("warm", True) else
+                "verify starts no job" if playbook != "launch" else
+                f"the launcher {job.get('launcher')} starts anew" if not module else
+                "the launcher runs in the job's image" if image else
+                "srun starts the launcher" if job.get("spawn") == "srun" else None)
+    start = {"warm": warm_off is None, "module": module if warm_off is None else None,
+             "deadline": 60.0 + len(hosts)}
+    why["start"] = (
+        f"each node's launcher starts in preflight's facts call and imports {module} while the "
+        f"launch goes on; the start hands it the job (where none waits, or under srun, it "
+        f"starts anew); unclaimed, it ends after {start['deadline']:g} s"
+        if warm_off is None else f"the launcher starts with the start: {warm_off}")
     teardown = "none" if detach else "nodes_with_rules"
     why["teardown"] = ("detached: the rules stay until stop or collect of the run id"
                        if detach else "the nodes whose rules are still in place after the watch")
@@ -354,6 +391,7 @@ def schedule(plan, forks, playbook="launch", progress_every=0):
         "barrier": where,
         "gang": gang,
         "firewall": {"start_opens": start_opens},
+        "start": start,
         "watch": watch,
         "teardown": teardown,
         "restart": restart,

@@ -42,6 +42,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import flight_recorder_env
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
+from ansible_collections.torchherd.cluster.plugins.module_utils._warm import claim
 from ansible_collections.torchherd.cluster.plugins.module_utils._workers import (
     WORKER_WATCH,
     watch_workers,
@@ -213,7 +214,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
             _supervise(argv, env, p["chdir"], paths, p["timeout"], p["grace"], meeting,
                        dict(close, run_id=p["run_id"]) if close else None,
                        LAUNCHERS[p["launcher"]].rank_logs(p), secrets,
-                       restarts=p["max_restarts"] > 0)
+                       restarts=p["max_restarts"] > 0,
+                       warm=bool(p.get("warm")) and not p["wrapper"] and not p.get("container"))
         os._exit(0)
     os.waitpid(first, 0)
     if gang and gang.get("sock") is not None:
@@ -302,11 +304,12 @@ def _join(m, sock, port, stop, paths):
 
 
 def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, rank_logs=True,
-               stdin=None, restarts=False):
+               stdin=None, restarts=False, warm=False):
     """Runs in the detached grandchild: (the barrier and the gang, in the background), start
     torchrun, wait, (remove the firewall rules the start opened), write the exit code.
     `stdin`: what the launcher reads first on its standard input (the secrets, for a launcher
-    in the job's image), else it reads nothing."""
+    in the job's image), else it reads nothing. `warm`: the launcher may have been started
+    ahead (_warm): it is handed the start, else (none there) started anew."""
     os.setsid()
     write_atomic(paths["supervisor"], f"{os.getpid()} {proc_start_time(os.getpid())}")
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -353,9 +356,15 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
             if os.path.exists(paths["stopped"]):
                 raise _CalledOff("stopped before the start")
         said_before = os.fstat(1).st_size  # the node log: what follows is the launcher's
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
-                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                stdout=1, stderr=2, close_fds=True)
+        proc = None
+        if warm and not stdin:
+            # The launcher started ahead in preflight, where the schedule said so (_warm).
+            proc, seen = claim(paths["dir"], argv, env, cwd, paths["log"])
+            record(paths, "job", warm=seen)
+        if proc is None:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
+                                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                    stdout=1, stderr=2, close_fds=True)
         if stdin:
             try:
                 proc.stdin.write(stdin.encode())

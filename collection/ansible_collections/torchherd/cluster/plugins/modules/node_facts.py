@@ -185,6 +185,38 @@ options:
         description: The uv to run; empty finds one.
         type: path
         default: ""
+  warm:
+    description:
+      - The job's launcher started ahead, where the schedule says so (its C(start.warm)); at
+        the end of this call, the job's interpreter (O(python)) starts in the background,
+        imports O(warm.module) and waits up to O(warm.deadline) seconds for the start of run
+        O(warm.run_id), which hands it the launcher's command line
+        (M(torchherd.cluster.torchrun_job)'s O(torchherd.cluster.torchrun_job#module:warm)).
+        Its imports (torch) then happen while the launch is still in preflight.
+      - It carries the run's marker (a stop of the run id ends it), and ends by itself at the
+        deadline where no start came (a launch that failed before its start).
+      - Not started in check mode, in the job's image (O(container)), where the interpreter or
+        torch could not be read, or where the run id is already on this node.
+      - Empty (the default) starts none.
+    type: dict
+    default: {}
+    suboptions:
+      run_id:
+        description: The run it waits for.
+        type: str
+      module:
+        description: The launcher's module (run with C(-m)), imported ahead.
+        type: str
+        default: torch.distributed.run
+      env:
+        description: The job's variables (not its secrets), in its environment from the start
+          (a few are read at import).
+        type: dict
+        default: {}
+      deadline:
+        description: Seconds it waits for the start.
+        type: float
+        default: 60
 """
 
 EXAMPLES = r"""
@@ -318,10 +350,18 @@ rsync:
   type: str
   sample: /usr/bin/rsync
 running_jobs:
-  description: Run directories of torchherd jobs with live processes on this node, with their pids.
+  description: Run directories of torchherd jobs with live processes on this node, with their
+    pids (read before O(warm) starts its launcher).
   returned: always
   type: dict
   sample: {}
+warm:
+  description:
+    - The launcher O(warm) started ahead - C(started), C(pid), C(deadline) - or why none was
+      (C(started) false, C(error)); null without O(warm).
+  returned: always
+  type: dict
+  sample: {started: true, pid: 4242, deadline: 60}
 gpu_processes:
   description:
     - The processes holding a GPU now (C(nvidia-smi --query-compute-apps)), each with
@@ -417,9 +457,12 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import 
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
+    read_state,
+    run_paths,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import py_spy_path
 from ansible_collections.torchherd.cluster.plugins.module_utils._venv import VenvError, ensure
+from ansible_collections.torchherd.cluster.plugins.module_utils._warm import start_warm
 
 # The installed version of every launcher that torch does not bring, by its distribution
 # (nothing is imported); part of both programs below, which run in the job's interpreter.
@@ -688,6 +731,21 @@ def made_venv(spec, root, dry=False):
         return {"path": spec["path"], "key": spec["key"], "made": False, "error": str(exc)}
 
 
+def warm_launcher(p, python, py, torch, container, check_mode):
+    """The job's launcher started ahead (_warm), or why not."""
+    w = p["warm"]
+    why = ("check mode" if check_mode else "the job runs in its image" if container else
+           "the interpreter or torch could not be read" if py.get("error") or torch.get("error")
+           or not torch.get("version") else None)
+    paths = run_paths(p["root"], w["run_id"])
+    if why is None and read_state(paths)["state"] != "absent":
+        why = f"run {w['run_id']} is already on this node"
+    if why:
+        return {"started": False, "error": why}
+    return start_warm(python, w["module"], paths["dir"], os.path.abspath(p["root"]), w["env"],
+                      w["deadline"])
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -719,6 +777,12 @@ def main():
                 system_site_packages=dict(type="bool", default=False),
                 uv=dict(type="path", default=""),
             )),
+            warm=dict(type="dict", default={}, options=dict(
+                run_id=dict(type="str"),
+                module=dict(type="str", default="torch.distributed.run"),
+                env=dict(type="dict", default={}),
+                deadline=dict(type="float", default=60),
+            )),
         ),
         supports_check_mode=True,
     )
@@ -748,6 +812,10 @@ def main():
     if code_dir and p["code_files"] and os.path.isdir(code_dir):
         digest, missing = tree_hash(code_dir, p["code_files"])
         code_hash = None if missing else digest
+    running_jobs = all_runs_with_processes()
+    warm = None
+    if (p["warm"] or {}).get("run_id"):
+        warm = warm_launcher(p, python, py, torch, container, module.check_mode)
     module.exit_json(
         changed=False,
         hostname=socket.gethostname(),
@@ -765,7 +833,8 @@ def main():
         rsync=shutil.which("rsync"),
         py_spy=py_spy_path(python),
         code_hash=code_hash,
-        running_jobs=all_runs_with_processes(),
+        running_jobs=running_jobs,
+        warm=warm,
         gpu_processes=(driver or {}).get("processes"),
         xid=read_xids() if driver else None,
         **host_facts((driver or {}).get("gpus"))

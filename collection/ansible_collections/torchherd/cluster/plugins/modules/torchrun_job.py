@@ -233,6 +233,19 @@ options:
     type: list
     elements: str
     default: []
+  warm:
+    description:
+      - Hand the start to the launcher that preflight started ahead for this run
+        (M(torchherd.cluster.node_facts)'s O(torchherd.cluster.node_facts#module:warm)), which
+        has imported the launcher's module (torch) by then. It takes the launcher's command
+        line, environment (secrets too, over a socket only this user can use) and directory and
+        runs as the launcher would; the run-state record says whether it did (C(job.warm) -
+        C(used), C(pid), C(waited), or C(why) not).
+      - Where none waits (none was started, its deadline passed, its import failed, another
+        interpreter or module), the launcher starts anew, as without this option. Never with a
+        O(wrapper) or O(container).
+    type: bool
+    default: false
   standby:
     description:
       - Set on every node of a job whose restarts are torchrun's own (a detached job that
@@ -866,6 +879,7 @@ def main():
             grace=dict(type="float", default=10),
             meta=dict(type="dict", default={}),
             wrapper=dict(type="list", elements="str", default=[]),
+            warm=dict(type="bool", default=False),
             standby=dict(type="dict", options=dict(
                 delay=dict(type="float", default=0),
             )),

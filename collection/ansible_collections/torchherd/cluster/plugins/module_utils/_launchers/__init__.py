@@ -12,6 +12,8 @@ A launcher's module holds:
 - PACKAGE: the package the job's interpreter imports for it (node_facts looks for it before it
   reads DISTRIBUTION's version); None where torch brings it.
 - FIX: the fix when nodes have different versions of DISTRIBUTION (None without one).
+- WARM_MODULE: the module its command line runs with ``-m``, where a warm launcher (_warm) may
+  import it ahead, in preflight; None where it may not.
 - PLANNED_OPTIONS: its options that torchherd sets from the plan, refused in launcher_args.
 - constraints(job, nprocs): what it refuses in a plan (the coerced job, each node's process
   count), as the plan's problem strings.

@@ -13,6 +13,8 @@ DISTRIBUTION = "accelerate"
 PACKAGE = 'accelerate'
 FIX = ("install the same accelerate on every node (pip install accelerate==<version> in the "
        "job's venv)")
+# No warm launcher (_warm) yet: accelerate's launch was not tried under one.
+WARM_MODULE = None
 PLANNED_OPTIONS = frozenset({
     "--num_machines", "--num_processes", "--machine_rank", "--main_process_ip",
     "--main_process_port", "--multi_gpu", "--cpu", "--same_network", "--rdzv_backend",

@@ -17,6 +17,8 @@ DISTRIBUTION = "deepspeed"
 PACKAGE = 'deepspeed'
 FIX = ("install the same deepspeed on every node (pip install deepspeed==<version> in the "
        "job's venv)")
+# No warm launcher (_warm): its launcher runs with -u, which a warm one cannot take.
+WARM_MODULE = None
 PLANNED_OPTIONS = frozenset({
     "--world_info", "--node_rank", "--master_addr", "--master_port", "--nnodes",
     "--nproc_per_node"})

@@ -9,6 +9,8 @@ NAME = "torchrun"
 DISTRIBUTION = None
 PACKAGE = None
 FIX = None
+# The module it runs with -m, which the warm launcher (_warm) imports ahead: torch.
+WARM_MODULE = "torch.distributed.run"
 PLANNED_OPTIONS = frozenset({
     "--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
     "--master-addr", "--master_addr", "--master-port", "--master_port",

@@ -1,0 +1,181 @@
+"""The warm launcher over real processes: started ahead, claimed by the start, or not there and
+the launcher started anew."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    MARKER,
+    job_pids,
+    read_state,
+    run_paths,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
+from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import spawn
+from ansible_collections.torchherd.cluster.plugins.module_utils._warm import (
+    claim,
+    start_warm,
+)
+
+from test_supervisor import ended, log_text, params
+
+# A launcher module: says what it sees and ends with the code its first argument names. Run as
+# __main__ its own code runs again (as python -m runs it); what it imports (warmdep, torch for
+# torchrun) was imported ahead, and warmdep's mark says when.
+DEP = "import time\nIMPORTED_AT = time.time()\n"
+DEMO = """
+import os, sys, time
+import warmdep
+if __name__ == "__main__":
+    print("argv", sys.argv[1:], "cwd", os.getcwd(), "greeting", os.environ.get("GREETING"),
+          "token", os.environ.get("TOKEN"),
+          "imported_before", warmdep.IMPORTED_AT < float(sys.argv[2]))
+    if sys.argv[1] == "sleep":
+        time.sleep(60)
+    raise SystemExit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def demo(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "warmdemo.py").write_text(DEMO, encoding="utf-8")
+    (lib / "warmdep.py").write_text(DEP, encoding="utf-8")
+    return {"PYTHONPATH": str(lib), "PATH": os.environ["PATH"]}
+
+
+def waiting(paths, env, deadline=30.0, module="warmdemo"):
+    """Starts the warm launcher of the run and waits until it listens."""
+    root = os.path.dirname(os.path.dirname(paths["dir"]))
+    said = start_warm(sys.executable, module, paths["dir"], root, {"GREETING": "hello"},
+                      deadline, environ=env)
+    assert said["started"], said
+    until = time.monotonic() + 20
+    while time.monotonic() < until and said["pid"] not in job_pids(paths["dir"]):
+        time.sleep(0.02)
+    time.sleep(0.3)  # its socket is bound before its import
+    return said["pid"]
+
+
+def environ_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        return handle.read().split(b"\0")
+
+
+def argv(code, *more):
+    return [sys.executable, "-m", "warmdemo", str(code), f"{time.time():.3f}", *more]
+
+
+def test_the_start_hands_the_warm_launcher_its_job_and_hears_its_exit_code(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    os.makedirs(paths["dir"])
+    pid = waiting(paths, demo)
+    # The run's marker is in its environment (stop finds it), the secret never is.
+    assert f"{MARKER}={paths['dir']}".encode() in environ_of(pid)
+    env = dict(demo, GREETING="hi", TOKEN="s3cr3t")
+    started = argv(7)
+    proc, seen = claim(paths["dir"], started, env, str(tmp_path), paths["log"])
+    assert seen["used"] and seen["pid"] == pid == proc.pid
+    assert proc.wait(20) == 7 and proc.poll() == 7
+    said = log_text(paths).split()
+    assert said[said.index("cwd") + 1] == str(tmp_path)
+    assert said[said.index("greeting") + 1] == "hi" and said[said.index("token") + 1] == "s3cr3t"
+    # Its module was imported before the start came: that is the time it saves.
+    assert said[said.index("imported_before") + 1] == "True"
+    assert b"TOKEN=s3cr3t" not in b"\0".join(environ_of(os.getpid()))
+
+
+def test_without_a_warm_launcher_the_claim_says_so_and_nothing_waits(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    proc, seen = claim(paths["dir"], argv(0), demo, str(tmp_path), str(tmp_path / "log"))
+    assert proc is None and not seen["used"] and "none waits for this run" in seen["why"]
+
+
+def test_another_interpreter_or_module_is_not_handed_over_and_it_waits_on(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    os.makedirs(paths["dir"])
+    waiting(paths, demo)
+    other = ["/usr/bin/python3", "-m", "warmdemo", "0", "0"]
+    proc, seen = claim(paths["dir"], other, demo, str(tmp_path), paths["log"])
+    assert proc is None and "the launcher /usr/bin/python3 -m warmdemo" in seen["why"]
+    proc, seen = claim(paths["dir"], argv(0), demo, str(tmp_path), paths["log"])
+    assert seen["used"] and proc.wait(20) == 0
+
+
+def test_an_unclaimed_warm_launcher_ends_at_its_deadline(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    pid = waiting(paths, demo, deadline=1.0)
+    until = time.monotonic() + 10
+    while time.monotonic() < until and pid in job_pids(paths["dir"]):
+        time.sleep(0.05)
+    assert pid not in job_pids(paths["dir"])
+    assert claim(paths["dir"], argv(0), demo, str(tmp_path), paths["log"])[0] is None
+
+
+def test_a_module_that_fails_to_import_is_started_anew(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    waiting(paths, demo, module="no_such_module_here")
+    bad = [sys.executable, "-m", "no_such_module_here"]
+    proc, seen = claim(paths["dir"], bad, demo, str(tmp_path), paths["log"])
+    assert proc is None and "its import failed: ModuleNotFoundError" in seen["why"]
+
+
+def test_a_warm_launcher_killed_by_a_signal_ends_with_that_signal(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    os.makedirs(paths["dir"])
+    waiting(paths, demo)
+    proc, _seen = claim(paths["dir"], argv("sleep"), demo, str(tmp_path), paths["log"])
+    until = time.monotonic() + 10
+    while time.monotonic() < until and "argv" not in log_text(paths):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(10) == -signal.SIGTERM
+
+
+def test_the_supervisor_runs_the_job_in_the_warm_launcher_and_records_it(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    pid = waiting(paths, demo)
+    p = params(warm=True, env={"GREETING": "hi"}, secret_env={"TOKEN": "s3cr3t"},
+               chdir=str(tmp_path), launcher="deepspeed")
+    spawn(p, paths, argv(3), demo)
+    state = ended(paths)
+    assert (state["state"], state["exit_code"], state["pid"]) == ("failed", 3, pid)
+    record = read_record(paths)["job"]
+    assert record["warm"]["used"] and record["warm"]["pid"] == pid
+    assert "greeting hi token s3cr3t" in log_text(paths)
+    assert not job_pids(paths["dir"])
+
+
+def test_the_supervisor_starts_the_launcher_anew_where_none_waits(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    spawn(params(warm=True, chdir=str(tmp_path), launcher="deepspeed"), paths, argv(0), demo)
+    state = ended(paths)
+    assert (state["state"], state["exit_code"]) == ("succeeded", 0)
+    assert not read_record(paths)["job"]["warm"]["used"]
+    assert "imported_before False" in log_text(paths)
+
+
+def test_stop_ends_a_job_in_the_warm_launcher_and_an_unclaimed_one(tmp_path, demo):
+    from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
+
+    paths = run_paths(str(tmp_path), "r1")
+    waiting(paths, demo)
+    spawn(params(warm=True, chdir=str(tmp_path), launcher="deepspeed"), paths, argv("sleep"), demo)
+    until = time.monotonic() + 10
+    while time.monotonic() < until and "argv" not in log_text(paths):
+        time.sleep(0.05)
+    stop(paths, read_state(paths)["pid"], 2)
+    assert ended(paths)["state"] == "stopped" and not job_pids(paths["dir"])
+    # One that no start claimed (the launch failed before) goes with the run's stop too.
+    other = run_paths(str(tmp_path), "r2")
+    os.makedirs(other["dir"])
+    waiting(other, demo)
+    stop(other, None, 1)
+    assert not job_pids(other["dir"])
