@@ -30,7 +30,7 @@ from driver.api import Exit
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = r"torch\.distributed\.run"
+RANKS = r"allreduce\.py"
 JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
 SCHEMA = json.loads((REPO / "driver" / "schema.json").read_text())
 OK_LINE = re.compile(r"^(\S+) r(\d+): torchherd-allreduce ok host=(\S+) .*\brank=(\d+) ")
@@ -83,8 +83,11 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(1)
 
 
-def torchrun_everywhere(cluster) -> bool:
-    return all(cluster.pids(node, TORCHRUN) for node in cluster.nodes)
+def job_everywhere(cluster) -> bool:
+    """The job runs on every node: its ranks (or its launcher, started anew), whose command
+    lines name the script. Not the launcher's module alone: a launcher started ahead in
+    preflight (the schedule's start.warm) waits under that name before the start."""
+    return all(cluster.pids(node, RANKS) for node in cluster.nodes)
 
 
 def assert_no_job_left(cluster):
@@ -163,7 +166,7 @@ def test_api_async_events_status_cancel_detached_then_stop(cluster3, code_src, t
         assert len(started) == 3, handle.wait().reason
         assert {"playbook_on_play_start", "runner_on_ok"} <= kinds
         assert not handle.done()
-        wait_for(lambda: torchrun_everywhere(cluster3), 30, "torchrun on every node")
+        wait_for(lambda: job_everywhere(cluster3), 30, "the job on every node")
 
         running = api.status(handle.run_id, runs_dir=tmp_path)
         assert (running.state, running.exit_code) == ("running", Exit.OK)
@@ -178,7 +181,7 @@ def test_api_async_events_status_cancel_detached_then_stop(cluster3, code_src, t
         assert rest and rest[-1]["event"] == "playbook_on_stats"
         # Events carry results such as the plan's: secret values never reach the caller.
         assert secret not in json.dumps(seen + rest, default=str)
-        assert torchrun_everywhere(cluster3), "a detached job must keep running"
+        assert job_everywhere(cluster3), "a detached job must keep running"
 
         stopped = api.stop(handle.run_id, runs_dir=tmp_path)
         assert (stopped.action, stopped.state, stopped.exit_code) == ("stop", "stopped", Exit.OK)
@@ -243,12 +246,12 @@ def test_cli_sigint_stops_the_job_and_secrets_stay_hidden(cluster3, code_src, tm
     with CmdlineScan(secret) as scan, out.open("w") as o, err.open("w") as e:
         proc = start_cli(*argv, env=env, out=o, err=e)
         with left_healthy(cluster3, runs, proc):
-            wait_for(lambda: torchrun_everywhere(cluster3), 120, "torchrun on every node")
+            wait_for(lambda: job_everywhere(cluster3), 120, "the job on every node")
             for node in cluster3.nodes:
                 args = cluster3.exec(node, ["ps", "-eo", "args"]).stdout
                 assert secret not in args, f"the secret is on a command line on {node.name}"
             # It did arrive: in the job's environment, where it belongs.
-            pid = cluster3.pids(0, TORCHRUN)[0]
+            pid = cluster3.pids(0, RANKS)[0]
             environ = cluster3.exec(0, ["cat", f"/proc/{pid}/environ"]).stdout.split("\0")
             assert f"TH_TEST_SECRET={secret}" in environ and "PLAIN=visible" in environ
 
@@ -277,12 +280,12 @@ def test_cli_sigint_detach_then_status_logs_stop_collect_runs(cluster3, code_src
                                   "--on-interrupt", "detach", script_args=["--sleep", "120"]),
                      env={**os.environ, "TH_TEST_TAG": tag})
     with left_healthy(cluster3, tmp_path, proc) as procs:
-        wait_for(lambda: torchrun_everywhere(cluster3), 120, "torchrun on every node")
+        wait_for(lambda: job_everywhere(cluster3), 120, "the job on every node")
         proc.send_signal(signal.SIGINT)
         _out, stderr = proc.communicate(timeout=120)
         assert proc.returncode == Exit.CANCELLED, stderr
         assert f"stop {run_id} --runs-dir {tmp_path}" in stderr
-        assert torchrun_everywhere(cluster3), "a detached job must keep running"
+        assert job_everywhere(cluster3), "a detached job must keep running"
 
         code, stdout, stderr = cli("status", run_id, "--runs-dir", str(tmp_path), "--json")
         assert code == Exit.OK, stderr

@@ -193,20 +193,28 @@ def test_the_schedule_says_where_the_jobs_venv_is_made(tmp_path):
     assert s["venv"] == "facts" and "req.lock" in s["why"]["venv"]
 
 
+def warm_plan(hostvars=None, **job):
+    hostvars = hostvars or HOSTVARS
+    return plan(dict({"script": "train.py"}, **job), GROUPS,
+                {h: dict(hv, torchherd_torchrun_warm="true") for h, hv in hostvars.items()},
+                run_id="r1")
+
+
 def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job():
-    warm = schedule(planned(), 4)["start"]
+    warm = schedule(warm_plan(), 4)["start"]
     assert warm == {"warm": True, "module": "torch.distributed.run", "deadline": 64.0}
-    off = {"a node turns it off": schedule(plan(
-               {"script": "train.py"}, GROUPS,
-               dict(HOSTVARS, n2=dict(HOSTVARS["n2"], torchherd_torchrun_warm="false")),
-               run_id="r1"), 4),
-           "another launcher": schedule(planned(launcher="deepspeed"), 4),
-           "srun starts it": schedule(plan(
-               {"script": "train.py", "spawn": "srun"}, GROUPS,
+    left_off = plan({"script": "train.py"}, GROUPS, {
+        h: dict(hv, torchherd_torchrun_warm="false" if h == "n2" else "true")
+        for h, hv in HOSTVARS.items()}, run_id="r1")
+    off = {"a node leaves it off": schedule(left_off, 4),
+           "another launcher": schedule(warm_plan(launcher="deepspeed"), 4),
+           "srun starts it": schedule(warm_plan(
                {h: dict(hv, torchherd_slurm_job_id="42") for h, hv in HOSTVARS.items()},
-               run_id="r1"), 4),
-           "verify": schedule(planned(), 4, playbook="verify")}
+               spawn="srun"), 4),
+           "verify": schedule(warm_plan(), 4, playbook="verify")}
     for why, s in off.items():
         assert s["start"] == {"warm": False, "module": None, "deadline": 64.0}, why
         assert s["why"]["start"].startswith("the launcher starts with the start: "), why
-    assert "torchherd_torchrun_warm false" in off["a node turns it off"]["why"]["start"]
+    assert "turned off (torchherd_torchrun_warm false)" in \
+        off["a node leaves it off"]["why"]["start"]
+    assert schedule(planned(), 4)["start"]["warm"]

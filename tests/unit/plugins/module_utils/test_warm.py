@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from test_supervisor import ended, log_text, params
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     MARKER,
@@ -20,10 +21,9 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import spawn
 from ansible_collections.torchherd.cluster.plugins.module_utils._warm import (
     claim,
+    dismiss,
     start_warm,
 )
-
-from test_supervisor import ended, log_text, params
 
 # A launcher module: says what it sees and ends with the code its first argument names. Run as
 # __main__ its own code runs again (as python -m runs it); what it imports (warmdep, torch for
@@ -179,3 +179,13 @@ def test_stop_ends_a_job_in_the_warm_launcher_and_an_unclaimed_one(tmp_path, dem
     waiting(other, demo)
     stop(other, None, 1)
     assert not job_pids(other["dir"])
+
+
+def test_a_run_that_does_not_start_here_sends_its_warm_launcher_away(tmp_path, demo):
+    paths = run_paths(str(tmp_path), "r1")
+    pid = waiting(paths, demo)
+    assert dismiss(paths["dir"]) == [pid]
+    until = time.monotonic() + 10
+    while time.monotonic() < until and pid in job_pids(paths["dir"]):
+        time.sleep(0.05)
+    assert not job_pids(paths["dir"]) and dismiss(paths["dir"]) == []

@@ -33,9 +33,9 @@ description:
     applied per node by its facts), except where the interconnect check needs the rules before
     the start; the job's supervisor closes what the start opened, and the teardown visits only
     the nodes whose rules are still in place (C(teardown)).
-  - Where the launcher allows it (torchrun), each node's launcher starts ahead, in preflight's
-    facts call, and imports torch while the launch goes on; the start hands it the job
-    (C(start.warm)).
+  - Where the launcher allows it (torchrun on the node itself), each node's launcher starts
+    ahead, in preflight's facts call, and imports torch while the launch goes on; the start
+    hands it the job (C(start.warm)). A node's C(torchherd_torchrun_warm) false turns it off.
 positional: _input
 options:
   _input:
@@ -111,9 +111,9 @@ _value:
       contains:
         warm:
           description: Whether it starts ahead, in preflight's facts call, and waits there for
-            the start with its module imported (M(torchherd.cluster.node_facts)'s O(warm)); not
-            under srun, in the job's image, for a launcher without a C(WARM_MODULE), or where
-            C(torchherd_torchrun_warm) is false.
+            the start with its module imported (M(torchherd.cluster.node_facts)'s O(warm)) -
+            not under srun, in the job's image, for a launcher without a C(WARM_MODULE), or where
+            a node's C(torchherd_torchrun_warm) is false.
           type: bool
         module:
           description: The module it imports ahead (C(torch.distributed.run)), null where not warm.

@@ -42,7 +42,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import flight_recorder_env
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
-from ansible_collections.torchherd.cluster.plugins.module_utils._warm import claim
+from ansible_collections.torchherd.cluster.plugins.module_utils._warm import claim, dismiss
 from ansible_collections.torchherd.cluster.plugins.module_utils._workers import (
     WORKER_WATCH,
     watch_workers,
@@ -405,6 +405,8 @@ def _supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, 
         if running.get("first_output"):
             running["first_output"].join(2)  # its last look, after the launcher's end
         code = _standby_end(paths, code)
+        if warm and running.get("proc") is None:
+            dismiss(paths["dir"])  # nothing started here: its warm launcher goes unused
         if close is not None:
             _close_rules(close, paths)
         _remove_container(paths)

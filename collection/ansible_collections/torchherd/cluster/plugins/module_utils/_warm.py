@@ -37,7 +37,7 @@ import subprocess
 import threading
 import time
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import MARKER
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import MARKER, job_pids
 
 # What the warm launcher runs. Standard library only: it runs in the job's interpreter.
 SERVER = r'''"""torchherd's warm launcher (see torchherd.cluster's module_utils/_warm.py)."""
@@ -246,6 +246,9 @@ class WarmLauncher:
     def _read(self, lines):
         said = lines.read(None)
         code = said.get("code")
+        # Its end, as a child's wait would see it: the socket closes as its process exits.
+        while said:
+            said = lines.read(None)
         lines.conn.close()
         self.returncode = code if isinstance(code, int) else -signal.SIGKILL
         self._ended.set()
@@ -293,3 +296,17 @@ def claim(run_dir, argv, env, cwd, log, timeout=CLAIM_TIMEOUT):
     pid = int(taken["pid"])
     return WarmLauncher(lines, pid), {"used": True, "pid": pid,
                                       "waited": round(time.monotonic() - since, 3)}
+
+
+def dismiss(run_dir):
+    """Ends the run's warm launcher where the run did not start on this node (a launch that
+    failed before its start here, a start called off, a node left out): every process with the
+    run's marker, which only it can be then. The pids killed."""
+    killed = []
+    for pid in job_pids(run_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed

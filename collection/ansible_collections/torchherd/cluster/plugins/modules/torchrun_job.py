@@ -23,6 +23,8 @@ description:
     O(grace) seconds to every process that carries the run's marker; nothing of the job remains.
     Once the workers have ended, torchrun itself gets 2 s more, not the whole grace. Only the
     first stopper of a run sends the SIGTERM; a second stop waits and kills what is left.
+    Where the run never started on the node, it ends the launcher that preflight started ahead
+    for it (O(warm)), if one still waits, and writes nothing.
   - Every process of the job inherits C(TORCHHERD_RUN=<run dir>) in its environment, which is how
     stop and stale-job checks find workers that torchrun put in sessions of their own.
   - With O(wrapper), the supervisor runs torchrun through that command instead, e.g. C(srun), so
@@ -654,6 +656,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor impo
     launcher_argv,
     spawn,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._warm import dismiss
 
 
 def start(module, p, paths):
@@ -694,6 +697,8 @@ def start(module, p, paths):
         if not probe.pop("go"):
             if gang_sock is not None:
                 gang_sock.close()
+            if p["warm"]:
+                dismiss(paths["dir"])  # nothing starts: the launcher preflight started goes
             return dict(changed=changed, started=False, job_state="absent", pid=None,
                         exit_code=None, cmd=argv, run_dir=paths["dir"], log=paths["log"],
                         last_line="", meta=p["meta"], probe=probe, record=seen, **opened)
@@ -833,6 +838,10 @@ def stop(module, p, paths):
         return report(paths, killed=[])
     if module.check_mode:
         return report(paths, changed=True, killed=[])
+    if state["state"] == "absent" and not os.path.isdir(paths["dir"]):
+        # The run did not start here: what carries its marker is the launcher preflight
+        # started ahead (_warm), which goes now.
+        return report(paths, changed=True, killed=dismiss(paths["dir"]))
     killed = stop_job(paths, state["pid"], p["grace"])
     record(paths, "job", stopped_at=time.time(), killed=killed)
     return report(paths, changed=True, killed=killed)
