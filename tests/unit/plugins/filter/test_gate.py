@@ -351,8 +351,8 @@ def test_node_checks_of_a_healthy_node_find_nothing():
 
 def test_node_checks_one_by_one():
     _hosts, _hv, p = make({"a": cpu("a")}, hang_timeout=600)
-    facts = dict(cpu("a"), rsync=None, disk_free_bytes=1, running_jobs={"/x/runs/r1": [7],
-                                                                        "/x/runs/r10": [8]})
+    facts = dict(cpu("a"), rsync=None, disk_free_bytes=1, root="/x",
+                 running_jobs={"/x/runs/r1": [7], "/x/runs/r10": [8], "/y/runs/r1": [9]})
     facts["python"] = {"path": "/v/python", "version": None, "error": "not found"}
     assert interpreter("a", facts, p)[0]["check"] == "python"
     assert rsync("a", facts, p)[0]["found"] == "not found"

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import nearest
@@ -399,14 +400,16 @@ def disk(host, f, plan):
 
 
 def run_id_free(host, f, plan):
-    """No run of this run id is alive on the node."""
-    suffix = f"/runs/{plan['run_id']}"
+    """No run of this run id is alive under the node's root. (Not under another root: nodes of
+    one machine - the local inventory - each have theirs, and see each other's processes; the
+    launcher started ahead on one (the schedule's start.warm) is no run on the others.)"""
+    own = posixpath.normpath(posixpath.join(str(f.get("root") or ""), "runs", plan["run_id"]))
     return [_problem(host, "run id", f"run {plan['run_id']} not running",
                      f"running as pids {pids}",
                      "a run id starts once: stop it (playbooks/stop.yml) "
                      "or launch with another run id")
             for run_dir, pids in (f.get("running_jobs") or {}).items()
-            if run_dir.endswith(suffix)]
+            if posixpath.normpath(run_dir) == own]
 
 
 # The checks of one node's own facts, in the order their problems are listed.
