@@ -135,3 +135,22 @@ def test_the_sync_and_the_start_end_where_the_last_node_record_says():
     timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars),
                         {"preflight": 10.0})["timings"]
     assert "sync" not in timings and "start" not in timings
+
+
+def test_the_summary_says_whether_the_launcher_started_ahead_ran_the_job():
+    warm = watched(1320.0, 1320.4, 1320.4, state="succeeded")
+    warm["torchherd_watch"]["record"] = {"seq": 4, "job": {
+        "warm": {"used": True, "pid": 42, "waited": 0.4}}}
+    anew = watched(1320.0, 1320.4, 1320.4, state="succeeded")
+    anew["torchherd_watch"]["record"] = {"seq": 4, "job": {
+        "warm": {"used": False, "why": "none waits for this run"}}}
+    results = node_results(["n0", "n1", "n2"], {
+        "n0": warm, "n1": anew, "n2": watched(1320.0, 1320.4, 1320.4, state="succeeded")})
+    assert results["n0"]["warm"] == {"used": True, "pid": 42, "waited": 0.4}
+    assert results["n1"]["warm"]["why"] == "none waits for this run"
+    assert results["n2"]["warm"] is None
+    plan = {"run_id": "r1", "nodes": [{"host": h, "node_rank": i, "address": "a"}
+                                      for i, h in enumerate(["n0", "n1", "n2"])]}
+    hosts = summarize("/nonexistent", plan, results, {})["hosts"]
+    assert [hosts[h]["warm"] and hosts[h]["warm"]["used"] for h in ("n0", "n1", "n2")] == [
+        True, False, None]

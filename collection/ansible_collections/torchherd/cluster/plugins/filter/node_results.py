@@ -63,6 +63,9 @@ _value:
     - Where torchrun restarts the workers itself, C(attempts) (by attempt number, when each
       started here and when its ranks first said something) and C(standby_used) (a
       standby's, once it ended; else null).
+    - C(warm) - where the start looked for the launcher preflight started ahead, the record's
+      word on it - C(used), C(pid) and C(waited) (seconds the start waited for its imports),
+      or C(why) not; null where the start did not look.
   type: dict
 """
 
@@ -122,6 +125,8 @@ def node_results(hosts, hostvars, nodes_dir=""):
                       for key in ("started_at", "output_at")}
             for attempt, times in _plain(job.get("attempts")).items()}
         entry["standby_used"] = _plain(job.get("standby")).get("used")
+        # Whether the launcher preflight started ahead ran the job (the schedule's start.warm).
+        entry["warm"] = _plain(job.get("warm")) or None
         collect = _plain(hv.get("torchherd_collect_logs"))
         if "results" in collect:  # the collect role's loop: the run directory comes first
             collect = _plain((collect["results"] or [{}])[0]) or collect

@@ -385,6 +385,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
             "started_at": res.get("started_at"), "ended_at": res.get("ended_at"),
             "first_output_at": res.get("first_output_at"),
             "standby_used": res.get("standby_used"),
+            # Whether the launcher preflight started ahead ran the job here (start.warm).
+            "warm": res.get("warm"),
             # Where torchrun restarts the workers itself: when each attempt started here, and
             # when its ranks first said something.
             "attempts": res.get("attempts") or {},
