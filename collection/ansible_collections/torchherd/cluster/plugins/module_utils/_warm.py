@@ -37,7 +37,12 @@ import subprocess
 import threading
 import time
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import MARKER, job_pids
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    MARKER,
+    job_pids,
+    proc_start_time,
+    running,
+)
 
 # What the warm launcher runs. Standard library only: it runs in the job's interpreter.
 SERVER = r'''"""torchherd's warm launcher (see torchherd.cluster's module_utils/_warm.py)."""
@@ -240,16 +245,22 @@ class WarmLauncher:
     def __init__(self, lines, pid):
         self.pid = pid
         self.returncode = None
+        self._start = proc_start_time(pid)
         self._ended = threading.Event()
         threading.Thread(target=self._read, args=(lines,), daemon=True).start()
 
     def _read(self, lines):
         said = lines.read(None)
         code = said.get("code")
-        # Its end, as a child's wait would see it: the socket closes as its process exits.
+        # The socket closes as its process exits, before the kernel has freed its memory (a
+        # launcher with torch: a few tenths of a second); its end is after that, as a child's
+        # wait sees it.
         while said:
             said = lines.read(None)
         lines.conn.close()
+        until = time.monotonic() + 30
+        while running(self.pid, self._start) and time.monotonic() < until:
+            time.sleep(0.01)
         self.returncode = code if isinstance(code, int) else -signal.SIGKILL
         self._ended.set()
 
