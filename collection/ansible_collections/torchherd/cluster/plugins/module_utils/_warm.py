@@ -59,7 +59,8 @@ def _send(conn, what):
 
 
 def _last_word():
-    # Registered first, so it runs last: after the launcher's own exit handlers and its threads.
+    # Registered as the start came: runs after the launcher's threads ended and after the exit
+    # handlers it registered since (not those its imports registered before).
     if "conn" in _said:
         _send(_said["conn"], {"code": _said.get("code", 1)})
 
