@@ -39,6 +39,8 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
         host = result.hosts[node.name]
         assert host["node_rank"] == node_rank
         assert host["state"] == "succeeded" and host["exit_code"] == 0
+        # The launcher preflight started ahead over SSH ran the job (the schedule's start.warm).
+        assert host["warm"] and host["warm"]["used"], host["warm"]
         log = run_dir / "nodes" / node.name / "node.log"
         assert log.is_file(), f"log of {node.name} did not come back"
         # Per-rank logs came back too, one directory per local rank.
