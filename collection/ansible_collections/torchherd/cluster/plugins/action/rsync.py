@@ -160,7 +160,12 @@ class ActionModule(ActionBase):
             # a launch cancelled before its start leaves).
             result.update(failed=True, cmd=shown, rc=proc.returncode,
                           msg=f"rsync {args['direction']} failed (exit {proc.returncode}): "
-                              f"{proc.stderr.strip()[-2000:]}")
+                              f"{proc.stderr.strip()[-2000:]}; fix: "
+                              + (f"check that {args['dest']} on the node is writable by the "
+                                 "SSH user and has free disk (the file rsync names above)"
+                                 if args["direction"] == "push" else
+                                 f"check that {args['src']} on the node is readable by the SSH "
+                                 f"user and {args['dest']} here writable"))
             return result
         changes, files, sent = outcome(proc.stdout, args["direction"])
         result.update(changed=bool(changes), changes=changes[:200], count=len(changes), cmd=shown,
