@@ -59,6 +59,8 @@ def test_accelerate_makes_one_world_of_every_node(cluster3, tmp_path):
     argv = json.loads((node_dir / "cmd.json").read_text())
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--machine_rank") + 1] == "1"
+    # accelerate's launch imported ahead in preflight ran the job on every node (start.warm).
+    assert all((h["warm"] or {}).get("used") for h in result.hosts.values()), result.hosts
     assert json.loads((node_dir / "env.json").read_text())["ACCELERATE_USE_CPU"] == "1"
     assert_nothing_left(cluster3)
 
@@ -165,6 +167,8 @@ def test_deepspeed_trains_in_one_world_with_the_users_config(cluster3, tmp_path)
     node_dir = tmp_path / "runs" / "ds-world" / "nodes" / cluster3.nodes[2].name
     argv = json.loads((node_dir / "cmd.json").read_text())
     assert argv[1:4] == ["-u", "-m", "deepspeed.launcher.launch"]
+    # DeepSpeed's launcher imported ahead in preflight ran the job on every node (start.warm).
+    assert all((h["warm"] or {}).get("used") for h in result.hosts.values()), result.hosts
     assert "--node_rank=2" in argv and f"--master_addr={cluster3.nodes[0].ip}" in argv
     assert_nothing_left(cluster3)
 

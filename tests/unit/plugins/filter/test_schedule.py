@@ -8,6 +8,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 from ansible_collections.torchherd.cluster.plugins.filter.schedule import FREE, LINEAR, schedule
+from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
 from driver.runner import all_at_once
 
 HOSTS = ["n0", "n1", "n2", "n3"]
@@ -200,14 +201,20 @@ def warm_plan(hostvars=None, **job):
                 run_id="r1")
 
 
-def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job():
+def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job(monkeypatch):
     warm = schedule(warm_plan(), 4)["start"]
     assert warm == {"warm": True, "module": "torch.distributed.run", "deadline": 64.0}
+    # Every launcher's module is the one its command line runs with -m.
+    for launcher, module in (("accelerate", "accelerate.commands.launch"),
+                             ("deepspeed", "deepspeed.launcher.launch")):
+        assert schedule(warm_plan(launcher=launcher), 4)["start"] == {
+            "warm": True, "module": module, "deadline": 64.0}, launcher
+    monkeypatch.setattr(LAUNCHERS["deepspeed"], "WARM_MODULE", None)
     left_off = plan({"script": "train.py"}, GROUPS, {
         h: dict(hv, torchherd_torchrun_warm="false" if h == "n2" else "true")
         for h, hv in HOSTVARS.items()}, run_id="r1")
     off = {"a node leaves it off": schedule(left_off, 4),
-           "another launcher": schedule(warm_plan(launcher="deepspeed"), 4),
+           "no module to start ahead": schedule(warm_plan(launcher="deepspeed"), 4),
            "srun starts it": schedule(warm_plan(
                {h: dict(hv, torchherd_slurm_job_id="42") for h, hv in HOSTVARS.items()},
                spawn="srun"), 4),

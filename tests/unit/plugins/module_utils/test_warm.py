@@ -119,6 +119,22 @@ def test_another_interpreter_or_module_is_not_handed_over_and_it_waits_on(tmp_pa
     assert seen["used"] and proc.wait(20) == 0
 
 
+def test_an_unbuffered_launcher_is_handed_over_and_other_flags_are_not(tmp_path, demo):
+    """DeepSpeed's launcher runs with -u: the warm launcher runs unbuffered anyway and takes it,
+    its arguments after the module as they are. Any other flag is the launcher's to run anew."""
+    paths = run_paths(str(tmp_path), "r1")
+    os.makedirs(paths["dir"])
+    waiting(paths, demo)
+    flagged = [sys.executable, "-X", "dev", "-m", "warmdemo", "0"]
+    proc, seen = claim(paths["dir"], flagged, demo, str(tmp_path), paths["log"])
+    assert proc is None and f"the launcher {sys.executable} -X dev" in seen["why"], seen
+    unbuffered = [sys.executable, "-u", "-m", "warmdemo", "3", "--more"]
+    proc, seen = claim(paths["dir"], unbuffered, demo, str(tmp_path), paths["log"])
+    assert seen["used"] and proc.wait(20) == 3
+    said = log_text(paths).split()
+    assert said[said.index("argv") + 1:said.index("cwd")] == ["['3',", "'--more']"]
+
+
 def test_an_unclaimed_warm_launcher_ends_at_its_deadline(tmp_path, demo):
     paths = run_paths(str(tmp_path), "r1")
     pid = waiting(paths, demo, deadline=1.0)

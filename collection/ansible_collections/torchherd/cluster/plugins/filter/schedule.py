@@ -116,7 +116,8 @@ _value:
             a node's C(torchherd_torchrun_warm) is false.
           type: bool
         module:
-          description: The module it imports ahead (C(torch.distributed.run)), null where not warm.
+          description: The module it imports ahead, the launcher's (C(torch.distributed.run),
+            C(accelerate.commands.launch), C(deepspeed.launcher.launch)), null where not warm.
           type: str
         deadline:
           description: Seconds a warm launcher waits for the start before it ends by itself.

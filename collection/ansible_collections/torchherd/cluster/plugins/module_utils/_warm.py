@@ -141,7 +141,7 @@ def main():
     os.close(devnull)
     os.environ.clear()
     os.environ.update(job["env"])
-    sys.argv = [job["argv"][0]] + job["argv"][3:]
+    sys.argv = [job["argv"][0]] + job["argv"][job["argv"].index("-m") + 2:]
     sys.path[0] = os.getcwd()  # as python -m has it
     _said["conn"] = conn
     atexit.register(_last_word)
@@ -274,10 +274,24 @@ class WarmLauncher:
         return self.returncode
 
 
+def launcher_module(argv):
+    """(interpreter, module) of a command line that a warm launcher can run: ``python -m
+    module ...``, or ``python -u -m module ...`` (the warm launcher runs unbuffered: its
+    PYTHONUNBUFFERED is what ``-u`` sets). (None, None) for any other."""
+    argv = [str(a) for a in argv]
+    if "-m" not in argv or len(argv) < argv.index("-m") + 2:
+        return None, None
+    at = argv.index("-m")
+    if any(flag != "-u" for flag in argv[1:at]):
+        return None, None
+    return argv[0], argv[at + 1]
+
+
 def claim(run_dir, argv, env, cwd, log, timeout=CLAIM_TIMEOUT):
     """The run's warm launcher, handed the launcher's command line (`argv`: the interpreter,
-    ``-m``, the module, its arguments), environment and directory, once it has taken them:
-    (WarmLauncher, what the run-state record keeps) or (None, why the launcher starts anew)."""
+    ``-u`` or not, ``-m``, the module, its arguments), environment and directory, once it has
+    taken them: (WarmLauncher, what the run-state record keeps) or (None, why the launcher
+    starts anew)."""
     since = time.monotonic()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lines = _Lines(conn)
@@ -293,9 +307,10 @@ def claim(run_dir, argv, env, cwd, log, timeout=CLAIM_TIMEOUT):
             raise OSError("it closed the connection")
         if hello.get("error"):
             raise OSError(f"its import failed: {hello['error']}")
-        if [hello.get("argv0"), "-m", hello.get("module")] != list(argv[:3]):
+        if (hello.get("argv0"), hello.get("module")) != launcher_module(argv):
+            wanted = " -m ".join(str(part) for part in launcher_module(argv))
             raise OSError(f"it runs {hello.get('argv0')} -m {hello.get('module')}, the launcher "
-                          f"{' '.join(str(a) for a in argv[:3])}")
+                          f"{wanted if launcher_module(argv)[0] else ' '.join(map(str, argv[:3]))}")
         conn.sendall(json.dumps({"argv": list(argv), "env": env, "cwd": cwd,
                                  "log": log}).encode() + b"\n")
         # No limit: once it has the start, it runs it (a second launcher must not).

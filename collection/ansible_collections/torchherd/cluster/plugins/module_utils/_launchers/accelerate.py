@@ -13,8 +13,9 @@ DISTRIBUTION = "accelerate"
 PACKAGE = 'accelerate'
 FIX = ("install the same accelerate on every node (pip install accelerate==<version> in the "
        "job's venv)")
-# No warm launcher (_warm) yet: accelerate's launch was not tried under one.
-WARM_MODULE = None
+# accelerate's launch imports torch (and in multi-process mode runs torch.distributed.run in its
+# own process): a warm launcher (_warm) imports it ahead.
+WARM_MODULE = "accelerate.commands.launch"
 PLANNED_OPTIONS = frozenset({
     "--num_machines", "--num_processes", "--machine_rank", "--main_process_ip",
     "--main_process_port", "--multi_gpu", "--cpu", "--same_network", "--rdzv_backend",

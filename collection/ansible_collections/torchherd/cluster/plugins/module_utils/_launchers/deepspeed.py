@@ -17,8 +17,9 @@ DISTRIBUTION = "deepspeed"
 PACKAGE = 'deepspeed'
 FIX = ("install the same deepspeed on every node (pip install deepspeed==<version> in the "
        "job's venv)")
-# No warm launcher (_warm): its launcher runs with -u, which a warm one cannot take.
-WARM_MODULE = None
+# Its launcher imports torch through deepspeed: a warm launcher (_warm) imports it ahead (it runs
+# unbuffered, as -u has it).
+WARM_MODULE = "deepspeed.launcher.launch"
 PLANNED_OPTIONS = frozenset({
     "--world_info", "--node_rank", "--master_addr", "--master_port", "--nnodes",
     "--nproc_per_node"})
