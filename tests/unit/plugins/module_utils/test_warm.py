@@ -29,7 +29,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._warm import (
 # A launcher module: says what it sees and ends with the code its first argument names. Run as
 # __main__ its own code runs again (as python -m runs it); what it imports (warmdep, torch for
 # torchrun) is already there where it was imported ahead, and only there.
-DEP = "VALUE = 1\n"
+DEP = "print('warmdep imported')\nVALUE = 1\n"
 DEMO = """
 import os, sys, time
 AHEAD = "warmdep" in sys.modules
@@ -100,6 +100,8 @@ def test_the_start_hands_the_warm_launcher_its_job_and_hears_its_exit_code(tmp_p
     assert said[said.index("greeting") + 1] == "hi" and said[said.index("token") + 1] == "s3cr3t"
     # What its module imports was there before the start came: that is the time it saves.
     assert said[said.index("imported_before") + 1] == "True"
+    # What the import printed reaches the log, first, as from a launcher started anew.
+    assert said[:2] == ["warmdep", "imported"] and said.count("imported") == 1, said
 
 
 def test_without_a_warm_launcher_the_claim_says_so_and_nothing_waits(tmp_path, demo):

@@ -11,8 +11,9 @@ the launcher's module and waits for the start on a socket named after the run di
 abstract namespace: no file, no path length limit), for at most ``deadline`` seconds; it answers
 only its own user. The start's supervisor (``claim``) hands it the launcher's command line,
 environment (the secrets too: never in a file, never in its command line) and directory; it
-then becomes the launcher: it moves to the job's directory, takes the node log as its output,
-the job's environment as its own, and runs the module as ``python -m`` would. Its workers are
+then becomes the launcher: it moves to the job's directory, takes the node log as its output
+(what its import printed first, as a launcher started anew would have it there), the job's
+environment as its own, and runs the module as ``python -m`` would. Its workers are
 new processes, started by it with that environment, as by a launcher started anew.
 
 Where it is not there (never started, timed out, another user's, its import failed) or its
@@ -46,7 +47,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
 
 # What the warm launcher runs. Standard library only: it runs in the job's interpreter.
 SERVER = r'''"""torchherd's warm launcher (see torchherd.cluster's module_utils/_warm.py)."""
-import atexit, json, os, runpy, signal, socket, struct, sys, time, traceback
+import atexit, json, os, runpy, signal, socket, struct, sys, tempfile, time, traceback
 
 _said = {}
 
@@ -93,6 +94,11 @@ def main():
         return 0  # one waits for this run already
     server.listen(8)
     until = time.monotonic() + deadline
+    # What the import prints (DeepSpeed says which accelerator it found) is kept, and goes to
+    # the node log first when the start comes, where a launcher started anew prints it.
+    early = tempfile.TemporaryFile()
+    os.dup2(early.fileno(), 1)
+    os.dup2(early.fileno(), 2)
     error = None
     try:
         __import__(module)
@@ -133,6 +139,13 @@ def main():
     except OSError as exc:
         _send(conn, {"taken": False, "error": str(exc)})
         return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    early.seek(0)
+    kept = early.read()
+    early.close()
+    while kept:
+        kept = kept[os.write(log, kept):]
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(log, 1)
