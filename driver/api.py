@@ -426,6 +426,13 @@ def _settle_after_cancel(handle: RunHandle) -> RunResult:
             return _cancelled(run_dir, reason)
         if "running" not in states:
             state, reason = cancel_verdict(summary, False, hint)
+            # Started nowhere: the launchers preflight started ahead (the schedule's start.warm)
+            # would wait for a start that never comes, until their deadline. The stop of the
+            # run id ends them now (on a node where the run never started it ends just that),
+            # and a start still in flight with them: nothing was started, as the verdict says.
+            warm = (read_json(run_dir / "schedule.json") or {}).get("start", {}).get("warm")
+            if warm and states == {"absent"}:
+                run_playbook("stop", handle.inventory, extravars, on_event=handle.emit)
             return _cancelled(run_dir, reason, state)
     # A start in flight when the playbook was killed may still land: stop until none runs.
     for _attempt in range(3):

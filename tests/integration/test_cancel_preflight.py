@@ -14,8 +14,8 @@ from pathlib import Path
 import jsonschema
 
 from driver.paths import CHECKOUT
+from tests.integration.local_nodes import NODE_ROOTS, live_processes_of
 
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
 SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
 
 
@@ -56,6 +56,54 @@ def test_ctrl_c_in_preflight_reports_nothing_started(tmp_path: Path) -> None:
         runs = json.loads(listed.stdout)["runs"]
         assert [(r["run_id"], r["state"]) for r in runs] == [(run_id, "cancelled")]
         assert "nothing was started" in runs[0]["reason"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for root in NODE_ROOTS:
+            for sub in ("runs", "code"):
+                subprocess.run(["rm", "-rf", str(root / sub / run_id)], check=False)
+
+
+def test_ctrl_c_after_preflight_detached_leaves_no_launcher_started_ahead(tmp_path: Path) -> None:
+    """--on-interrupt detach with nothing started yet: nothing to leave running, and each node's
+    launcher that preflight started ahead is gone when the command returns, not at its
+    deadline. The interconnect check between preflight and the start (seconds of torch on each
+    node) holds the start back while the cancel comes."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hello.py").write_text("print('hello')\n")
+    (tmp_path / "job.yml").write_text("interconnect: always\n")
+    runs_dir = tmp_path / "runs"
+    run_id = f"detach-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
+         "-j", str(tmp_path / "job.yml"), "--code-src", str(code), "--name", run_id,
+         "--run-id", run_id, "--nproc-per-node", "1", "--runs-dir", str(runs_dir),
+         "--on-interrupt", "detach", "--json", "--", "hello.py"],
+        cwd=CHECKOUT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append(line)
+            # Both nodes' facts are in (each started its launcher ahead): cancel.
+            if sum(": checked" in s for s in seen) == len(NODE_ROOTS):
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            raise AssertionError("no node was checked:\n" + "".join(seen))
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 130, (out + err)[-3000:]
+        doc = json.loads(out)
+        assert doc["state"] == "cancelled" and "nothing was started" in doc["reason"], doc
+        for root in NODE_ROOTS:
+            assert live_processes_of(root / "runs" / run_id) == [], \
+                f"a process of the run is left on {root.name}"
+        schedule = json.loads((runs_dir / run_id / "schedule.json").read_text())
+        assert schedule["start"]["warm"], schedule["start"]
     finally:
         if proc.poll() is None:
             proc.kill()

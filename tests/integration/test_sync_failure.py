@@ -15,27 +15,9 @@ from typing import Any
 import pytest
 
 from driver import api
+from tests.integration.local_nodes import NODE_ROOTS, live_processes_of
 
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
 INVENTORY = str(Path(__file__).resolve().parents[2] / "inventories" / "local.ini")
-
-
-def run_processes(node_run_dir: Path) -> list[int]:
-    """Live processes (zombies are not) whose environment carries the run's marker."""
-    found = []
-    want = f"TORCHHERD_RUN={node_run_dir}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if want not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def test_a_failed_sync_sends_the_launchers_started_ahead_away(tmp_path: Path) -> None:
@@ -69,7 +51,7 @@ def test_a_failed_sync_sends_the_launchers_started_ahead_away(tmp_path: Path) ->
         assert "fix: check that" in result.reason, result.reason
         for root in NODE_ROOTS:
             node_run = root / "runs" / run_id
-            assert run_processes(node_run) == [], f"a process of the run is left on {root}"
+            assert live_processes_of(node_run) == [], f"a process of the run is left on {root}"
             # Nothing started: the stop wrote no run directory on either node.
             assert not node_run.exists(), sorted(p.name for p in node_run.iterdir())
     finally:

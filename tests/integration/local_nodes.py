@@ -1,0 +1,29 @@
+"""The embedded default's nodes (inventories/local.ini: two nodes on this machine), as the
+tests that launch on them see them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# local.ini's torchherd_root of each node.
+NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+
+
+def live_processes_of(node_run_dir: Path) -> list[int]:
+    """Processes of a node's run on this machine: those whose environment carries the run's
+    marker (TORCHHERD_RUN, as every process torchherd starts for the run has it). Zombies are
+    not counted: this sandbox's init may never reap an orphan that has exited."""
+    want = f"TORCHHERD_RUN={node_run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if want not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone meanwhile, or another user's
+        if state != "Z":
+            found.append(int(entry.name))
+    return found
