@@ -96,9 +96,13 @@ def main():
     until = time.monotonic() + deadline
     # What the import prints (DeepSpeed says which accelerator it found) is kept, and goes to
     # the node log first when the start comes, where a launcher started anew prints it.
-    early = tempfile.TemporaryFile()
-    os.dup2(early.fileno(), 1)
-    os.dup2(early.fileno(), 2)
+    try:
+        early = tempfile.TemporaryFile()
+    except OSError:
+        early = None  # no temporary directory to write to: it goes where it went (nowhere)
+    if early is not None:
+        os.dup2(early.fileno(), 1)
+        os.dup2(early.fileno(), 2)
     error = None
     try:
         __import__(module)
@@ -141,9 +145,11 @@ def main():
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    early.seek(0)
-    kept = early.read()
-    early.close()
+    kept = b""
+    if early is not None:
+        early.seek(0)
+        kept = early.read()
+        early.close()
     while kept:
         kept = kept[os.write(log, kept):]
     devnull = os.open(os.devnull, os.O_RDWR)
