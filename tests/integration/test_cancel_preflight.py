@@ -19,19 +19,36 @@ from tests.integration.local_nodes import NODE_ROOTS, live_processes_of
 SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
 
 
-def test_ctrl_c_in_preflight_reports_nothing_started(tmp_path: Path) -> None:
+def start_launch(tmp_path: Path, run_id: str, *flags: str) -> subprocess.Popen[str]:
+    """The CLI's launch of a one-line job on the local nodes, its output piped (not a
+    terminal: one plain line per phase on stderr)."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "hello.py").write_text("print('hello')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
+         "--code-src", str(code), "--name", run_id, "--run-id", run_id,
+         "--nproc-per-node", "1", "--runs-dir", str(tmp_path / "runs"), *flags, "--json",
+         "--", "hello.py"],
+        cwd=CHECKOUT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+def end_launch(proc: subprocess.Popen[str], run_id: str) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for root in NODE_ROOTS:
+        for sub in ("runs", "code"):
+            subprocess.run(["rm", "-rf", str(root / sub / run_id)], check=False)
+
+
+def test_ctrl_c_in_preflight_reports_nothing_started(tmp_path: Path) -> None:
     runs_dir = tmp_path / "runs"
     run_id = f"cancel-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
-         "--code-src", str(code), "--name", run_id, "--run-id", run_id,
-         "--nproc-per-node", "1", "--runs-dir", str(runs_dir), "--json", "--", "hello.py"],
-        cwd=CHECKOUT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    proc = start_launch(tmp_path, run_id)
     try:
         seen = []
         assert proc.stderr is not None
@@ -57,12 +74,7 @@ def test_ctrl_c_in_preflight_reports_nothing_started(tmp_path: Path) -> None:
         assert [(r["run_id"], r["state"]) for r in runs] == [(run_id, "cancelled")]
         assert "nothing was started" in runs[0]["reason"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for root in NODE_ROOTS:
-            for sub in ("runs", "code"):
-                subprocess.run(["rm", "-rf", str(root / sub / run_id)], check=False)
+        end_launch(proc, run_id)
 
 
 def test_ctrl_c_after_preflight_detached_leaves_no_launcher_started_ahead(tmp_path: Path) -> None:
@@ -70,20 +82,11 @@ def test_ctrl_c_after_preflight_detached_leaves_no_launcher_started_ahead(tmp_pa
     launcher that preflight started ahead is gone when the command returns, not at its
     deadline. The interconnect check between preflight and the start (seconds of torch on each
     node) holds the start back while the cancel comes."""
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "hello.py").write_text("print('hello')\n")
     (tmp_path / "job.yml").write_text("interconnect: always\n")
     runs_dir = tmp_path / "runs"
     run_id = f"detach-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
-         "-j", str(tmp_path / "job.yml"), "--code-src", str(code), "--name", run_id,
-         "--run-id", run_id, "--nproc-per-node", "1", "--runs-dir", str(runs_dir),
-         "--on-interrupt", "detach", "--json", "--", "hello.py"],
-        cwd=CHECKOUT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    proc = start_launch(tmp_path, run_id, "-j", str(tmp_path / "job.yml"),
+                        "--on-interrupt", "detach")
     try:
         seen = []
         assert proc.stderr is not None
@@ -105,9 +108,4 @@ def test_ctrl_c_after_preflight_detached_leaves_no_launcher_started_ahead(tmp_pa
         schedule = json.loads((runs_dir / run_id / "schedule.json").read_text())
         assert schedule["start"]["warm"], schedule["start"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for root in NODE_ROOTS:
-            for sub in ("runs", "code"):
-                subprocess.run(["rm", "-rf", str(root / sub / run_id)], check=False)
+        end_launch(proc, run_id)
