@@ -128,8 +128,8 @@ if firsts:
     print(f"hand      first output median {statistics.median(firsts):6.2f} s  all {firsts}")
 for method in ("relaunch", "before", "changed"):
     rel = [r for r in runs if r["method"] == method and r.get("timings")]
-    for key in ("launch", "plan", "preflight", "sync", "start", "first_output", "watch", "collect",
-                "total", "after_end"):
+    for key in ("launch", "plan", "preflight", "sync", "start", "launcher_started",
+                "launcher_ready", "first_output", "watch", "collect", "total", "after_end"):
         values = [r["timings"][key] for r in rel if key in r["timings"]]
         if values:
             print(f"{method:8s} {key:12s} median {statistics.median(values):6.2f} s")

@@ -32,6 +32,11 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
     result = launch(job, cluster3.inventory, runs_dir=tmp_path)
     assert result.ok, result.reason
     assert result.summary["world_size"] == 6
+    # The launchers started ahead: started during the launch, done with their imports before
+    # a rank said anything (what their imports saved is in these timings).
+    timings = result.timings
+    assert 0 < timings["launcher_started"] <= timings["launcher_ready"] \
+        <= timings["first_output"] < timings["wall"], timings
 
     run_dir = tmp_path / result.run_id
     seen_ranks = {}

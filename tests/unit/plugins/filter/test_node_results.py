@@ -154,3 +154,15 @@ def test_the_summary_says_whether_the_launcher_started_ahead_ran_the_job():
     hosts = summarize("/nonexistent", plan, results, {})["hosts"]
     assert [hosts[h]["warm"] and hosts[h]["warm"]["used"] for h in ("n0", "n1", "n2")] == [
         True, False, None]
+
+
+def test_the_launcher_started_aheads_times_are_on_the_controllers_clock():
+    # The node's clock is 300 s ahead: its answer at 1620.4 came back at 1320.4.
+    ahead = watched(1620.0, 1620.4, 1320.4, state="succeeded")
+    ahead["torchherd_watch"]["record"] = {"seq": 4, "job": {"warm": {
+        "used": True, "pid": 42, "waited": 0.0, "started_at": 1602.0, "ready_at": 1605.5,
+        "asked_at": 1606.0}}}
+    warm = node_results(["n0"], {"n0": ahead})["n0"]["warm"]
+    assert (warm["started_at"], warm["ready_at"], warm["asked_at"]) == (1302.0, 1305.5, 1306.0)
+    # The record itself keeps the node's times.
+    assert ahead["torchherd_watch"]["record"]["job"]["warm"]["ready_at"] == 1605.5

@@ -87,6 +87,7 @@ def argv(code, *more):
 def test_the_start_hands_the_warm_launcher_its_job_and_hears_its_exit_code(tmp_path, demo):
     paths = run_paths(str(tmp_path), "r1")
     os.makedirs(paths["dir"])
+    before = time.time()
     pid = waiting(paths, demo)
     # The run's marker is in its environment (stop finds it), the secret never is.
     assert f"{MARKER}={paths['dir']}".encode() in environ_of(pid)
@@ -94,6 +95,10 @@ def test_the_start_hands_the_warm_launcher_its_job_and_hears_its_exit_code(tmp_p
     started = argv(7)
     proc, seen = claim(paths["dir"], started, env, str(tmp_path), paths["log"])
     assert seen["used"] and seen["pid"] == pid == proc.pid
+    # When it started and finished its import, and when the start asked it for the job (which
+    # may come before the import is done: the start waits then).
+    assert before <= seen["started_at"] <= seen["ready_at"] <= time.time()
+    assert before <= seen["asked_at"] <= time.time()
     assert proc.wait(20) == 7 and proc.poll() == 7
     said = log_text(paths).split()
     assert said[said.index("cwd") + 1] == str(tmp_path)

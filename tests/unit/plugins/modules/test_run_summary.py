@@ -443,3 +443,22 @@ def test_a_job_whose_rendezvous_never_formed_is_a_failure_though_no_node_failed(
     results = {f"n{i}": {"job_state": "standby", "exit_code": 0} for i in range(4)}
     s = summarize(str(tmp_path), detached(), results, {})
     assert s["state"] == "failed" and "rendezvous never formed" in s["reason"]
+
+
+def test_the_timings_say_when_the_launchers_started_ahead_were_started_and_ready():
+    p = dict(plan(), started_at=101.0, launched_at=100.0)
+    warm = {"n0": {"used": True, "pid": 7, "waited": 0.0, "started_at": 102.5, "ready_at": 105.0,
+                   "asked_at": 106.0},
+            "n1": {"used": True, "pid": 8, "waited": 0.4, "started_at": 102.7, "ready_at": 106.4,
+                   "asked_at": 106.0},
+            # Started anew here (its launcher started ahead was gone): not counted.
+            "n2": {"used": False, "why": "none waits for this run"}}
+    results = {h: {"job_state": "succeeded", "exit_code": 0, "first_output_at": 109.0,
+                   "ended_at": 110.0, "warm": w} for h, w in warm.items()}
+    timings = summarize("/nonexistent", p, results, {})["timings"]
+    assert timings["launcher_started"] == 2.7 and timings["launcher_ready"] == 6.4
+    assert timings["first_output"] == 9.0
+    # None started ahead: no such timing.
+    for r in results.values():
+        r["warm"] = None
+    assert "launcher_ready" not in summarize("/nonexistent", p, results, {})["timings"]

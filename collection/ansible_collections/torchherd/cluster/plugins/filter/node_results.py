@@ -64,8 +64,9 @@ _value:
       started here and when its ranks first said something) and C(standby_used) (a
       standby's, once it ended; else null).
     - C(warm) - where the start looked for the launcher preflight started ahead, the record's
-      word on it - C(used), C(pid) and C(waited) (seconds the start waited for its imports),
-      or C(why) not; null where the start did not look.
+      word on it - C(used), C(pid), C(waited) (seconds the start waited for its imports),
+      C(started_at), C(ready_at) (its imports done) and C(asked_at) (the start came to it),
+      on the controller's clock; or C(why) not; null where the start did not look.
   type: dict
 """
 
@@ -125,8 +126,13 @@ def node_results(hosts, hostvars, nodes_dir=""):
                       for key in ("started_at", "output_at")}
             for attempt, times in _plain(job.get("attempts")).items()}
         entry["standby_used"] = _plain(job.get("standby")).get("used")
-        # Whether the launcher preflight started ahead ran the job (the schedule's start.warm).
-        entry["warm"] = _plain(job.get("warm")) or None
+        # Whether the launcher preflight started ahead ran the job (the schedule's start.warm),
+        # and when it started, was done with its imports and was asked for the job.
+        warm = dict(_plain(job.get("warm")))
+        for key in ("started_at", "ready_at", "asked_at"):
+            if key in warm:
+                warm[key] = _shifted(warm[key], entry["clock_offset"])
+        entry["warm"] = warm or None
         collect = _plain(hv.get("torchherd_collect_logs"))
         if "results" in collect:  # the collect role's loop: the run directory comes first
             collect = _plain((collect["results"] or [{}])[0]) or collect

@@ -86,6 +86,7 @@ def _exit_code(exc):
 
 
 def main():
+    started_at = time.time()
     module, name, deadline, argv0 = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -108,6 +109,7 @@ def main():
         __import__(module)
     except BaseException as exc:  # the start sees it and starts the launcher anew
         error = "%s: %s" % (type(exc).__name__, exc)
+    ready_at = time.time()
     while True:
         left = until - time.monotonic()
         if left <= 0:
@@ -123,7 +125,8 @@ def main():
             conn.close()
             continue
         conn.settimeout(30)
-        _send(conn, {"argv0": argv0, "module": module, "pid": os.getpid(), "error": error})
+        _send(conn, {"argv0": argv0, "module": module, "pid": os.getpid(), "error": error,
+                     "started_at": started_at, "ready_at": ready_at})
         try:
             line = conn.makefile("rb").readline()
         except OSError:
@@ -311,7 +314,7 @@ def claim(run_dir, argv, env, cwd, log, timeout=CLAIM_TIMEOUT):
     ``-u`` or not, ``-m``, the module, its arguments), environment and directory, once it has
     taken them: (WarmLauncher, what the run-state record keeps) or (None, why the launcher
     starts anew)."""
-    since = time.monotonic()
+    since, asked_at = time.monotonic(), time.time()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lines = _Lines(conn)
     try:
@@ -340,8 +343,12 @@ def claim(run_dir, argv, env, cwd, log, timeout=CLAIM_TIMEOUT):
         conn.close()
         return None, {"used": False, "why": str(exc) or type(exc).__name__}
     pid = int(taken["pid"])
+    # When it started, when its imports were done and when the start came to it (the node's
+    # clock): what of the job's way to its first output the launch's own work covered.
     return WarmLauncher(lines, pid), {"used": True, "pid": pid,
-                                      "waited": round(time.monotonic() - since, 3)}
+                                      "waited": round(time.monotonic() - since, 3),
+                                      "started_at": hello.get("started_at"),
+                                      "ready_at": hello.get("ready_at"), "asked_at": asked_at}
 
 
 def dismiss(run_dir):

@@ -289,11 +289,15 @@ def _called_off(node_dir, node_log):
 PHASES = ("plan", "preflight", "sync", "start", "watch", "collect")
 
 
-def phase_timings(started_at, marks, launched_at=None, first_output_at=None, ended_at=None):
+def phase_timings(started_at, marks, launched_at=None, first_output_at=None, ended_at=None,
+                  warm=()):
     """Seconds spent in each phase, from the times the phases ended; `launch` (the driver's
     start and ansible-playbook's, up to the plan) where the driver said when it started,
     `first_output`: from the launch (or the plan) to the first output of any rank, and
-    `after_end`: from the job's end on its last node to now (the summary)."""
+    `after_end`: from the job's end on its last node to now (the summary). Where launchers
+    started ahead ran the job (`warm`: the hosts' records of them), `launcher_started` and
+    `launcher_ready`: from the launch to the last of them started, and to the last of them
+    done with its imports."""
     timings, last = {}, started_at
     if launched_at is not None and started_at is not None:
         timings["launch"] = round(float(started_at) - float(launched_at), 3)
@@ -306,6 +310,11 @@ def phase_timings(started_at, marks, launched_at=None, first_output_at=None, end
         timings["total"] = round(time.time() - float(origin), 3)
         if first_output_at is not None:
             timings["first_output"] = round(float(first_output_at) - float(origin), 3)
+        used = [w for w in warm if isinstance(w, dict) and w.get("used")
+                and w.get("started_at") is not None and w.get("ready_at") is not None]
+        for key, at in (("launcher_started", "started_at"), ("launcher_ready", "ready_at")):
+            if used:
+                timings[key] = round(max(float(w[at]) for w in used) - float(origin), 3)
     if ended_at is not None:
         timings["after_end"] = round(time.time() - float(ended_at), 3)
     return timings
@@ -500,7 +509,8 @@ def summarize(run_dir, plan, results, marks, previous=None):
             # A standby the job did not need ends after it: not counted.
             max((h["ended_at"] for name, h in hosts.items()
                  if h.get("ended_at") is not None and name not in waited),
-                default=None) if states and all(s in _ENDED for s in states) else None),
+                default=None) if states and all(s in _ENDED for s in states) else None,
+            [h.get("warm") for h in hosts.values()]),
         "hosts": hosts,
         "sync": _sync_total(hosts), "hang": hang,
         # The interconnect check of this run (or the measure it reused), without every node's
