@@ -242,7 +242,9 @@ options:
         has imported the launcher's module (torch) by then. It takes the launcher's command
         line, environment (secrets too, over a socket only this user can use) and directory and
         runs as the launcher would; the run-state record says whether it did (C(job.warm) -
-        C(used), C(pid), C(waited), or C(why) not).
+        C(used), C(pid), C(waited), and when it started, was done with its imports and was
+        asked for the job, C(started_at), C(ready_at), C(asked_at), the node's clock; or C(why)
+        not).
       - Where none waits (none was started, its deadline passed, its import failed, another
         interpreter or module), the launcher starts anew, as without this option. Never with a
         O(wrapper) or O(container).
