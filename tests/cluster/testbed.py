@@ -457,6 +457,19 @@ class Cluster:
     def read_file(self, node: NodeRef, path: str) -> str:
         return self.exec(node, ["cat", path]).stdout
 
+    def open_management(self, node: NodeRef) -> None:
+        """Let the data-network node's management interface carry any traffic (the job's too),
+        not SSH alone; close_management() puts the SSH-only rules back. Fine on a node without
+        them."""
+        self.exec(node, ["nft", "delete", "table", "inet", MGMT_FIREWALL_TABLE], check=False)
+
+    def close_management(self, node: NodeRef) -> None:
+        target = self.node(node)
+        if target.data_ip:
+            self.exec(target, ["nft", "delete", "table", "inet", MGMT_FIREWALL_TABLE],
+                      check=False)
+            _configure_data_node(target)
+
     def throttle(self, node: NodeRef, rate: str = "50mbit") -> None:
         """Shape what the node sends on its data interface (the management one without a data
         network) to rate, e.g. "50mbit": a slow interconnect. Only egress is shaped, so throttle

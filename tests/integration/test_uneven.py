@@ -222,3 +222,39 @@ def test_a_user_without_root_is_told_what_a_default_deny_node_lacks(uneven, trai
         assert peer.data_ip in lacks["expected"], lacks
     assert "administrator" in lacks["fix"]
     no_job_left(uneven)
+
+
+def _interconnect(runs, run_id):
+    return json.loads((runs / run_id / "preflight.json").read_text())["gate"]["interconnect"]
+
+
+def test_the_interconnect_measure_is_reused_only_over_the_same_interfaces(uneven, tmp_path):
+    """Within its age the measure of these nodes is reused while the job's traffic takes the
+    same interfaces; named onto other ones (here the management network, opened to the job for
+    this test), the nodes are measured again, over those."""
+    from driver import verify
+
+    for run_id in ("ic-data", "ic-data-again"):
+        result = verify(job(run_id, interconnect="verify"), uneven.inventory, runs_dir=tmp_path)
+        assert result.ok, result.reason
+    assert _interconnect(tmp_path, "ic-data")["reused"] is None
+    assert _interconnect(tmp_path, "ic-data-again")["reused"]["run_id"] == "ic-data"
+    # The job moved to the management network: its interface, and the address the other nodes
+    # reach each node at.
+    names = {node.name: {"torchherd_socket_ifname": node.mgmt_if, "torchherd_address": node.ip}
+             for node in uneven.nodes}
+    inventory = uneven.write_inventory(host_vars=names)
+    try:
+        for node in uneven.nodes:
+            uneven.open_management(node)
+        result = verify(job("ic-mgmt", interconnect="verify"), inventory, runs_dir=tmp_path)
+    finally:
+        for node in uneven.nodes:
+            uneven.close_management(node)
+    assert result.ok, result.reason
+    measured = _interconnect(tmp_path, "ic-mgmt")
+    assert measured["reused"] is None and measured["ok"], measured
+    gate = json.loads((tmp_path / "ic-mgmt" / "preflight.json").read_text())["gate"]
+    assert {host: i["name"] for host, i in gate["interfaces"].items()} == {
+        node.name: node.mgmt_if for node in uneven.nodes}
+    no_job_left(uneven)
