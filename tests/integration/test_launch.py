@@ -93,10 +93,12 @@ def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
     assert first.ok and second.ok
     assert first.run_id != second.run_id
     # The code on the nodes is what the controller has: the relaunch sends nothing to any of
-    # them (the nodes' own hash of their copy said so in preflight).
-    assert not second.sync or second.sync["nodes_sent_to"] == 0, second.sync
+    # them (the nodes' own hash of their copy said so in preflight: code_current).
+    assert second.sync == {"files": 0, "bytes": 0, "nodes_sent_to": 0}, second.sync
     for host in second.hosts.values():
-        assert not host.get("sync") or not host["sync"].get("files"), host["sync"]
+        assert host["sync"] == {"files": 0, "bytes": 0}, host["sync"]
+    facts = json.loads((runs / second.run_id / "preflight.json").read_text())["facts"]
+    assert all(f["code_current"] for f in facts.values()), facts
     # Each run keeps its own directory of logs.
     assert (runs / first.run_id / "summary.json").exists()
     assert (runs / second.run_id / "summary.json").exists()
@@ -106,6 +108,8 @@ def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
     third = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
     assert third.ok, third.reason
     assert third.sync["nodes_sent_to"] == len(cluster3.nodes), third.sync
+    facts = json.loads((runs / third.run_id / "preflight.json").read_text())["facts"]
+    assert not any(f["code_current"] for f in facts.values()), facts
     assert all(h["sync"]["files"] == 1 for h in third.hosts.values()), third.hosts
 
 

@@ -98,12 +98,14 @@ def test_the_sync_and_the_start_end_where_the_last_node_record_says():
     last node's copy (at preflight's end where every node had the code), the start with the
     last node's answer; a phase a node did not finish gets no end."""
     def node(rank, sync, start):
-        return {"torchherd_node": {"node_rank": rank}, "torchherd_sync": sync,
-                "torchherd_start": start}
+        # A node that had the code: the sync role ended there, and registered nothing.
+        got = {"torchherd_sync": sync} if sync else {"torchherd_facts": {"code_current": True}}
+        return {"torchherd_node": {"node_rank": rank}, "torchherd_start": start,
+                "torchherd_gate": {"ok": True}, **got}
 
     hostvars = {
-        "n0": node(0, {"skipped": True}, {"started": True, "job_state": "running",
-                                          "checked_at": 13.0, "received_at": 13.5}),
+        "n0": node(0, None, {"started": True, "job_state": "running",
+                             "checked_at": 13.0, "received_at": 13.5}),
         "n1": node(1, {"transferred_files": 1, "transferred_bytes": 9, "ended_at": 11.0},
                    {"started": True, "job_state": "running", "checked_at": 14.0,
                     "received_at": 14.0}),
@@ -118,7 +120,7 @@ def test_the_sync_and_the_start_end_where_the_last_node_record_says():
     assert (timings["preflight"], timings["sync"], timings["start"]) == (8.0, 1.0, 3.0)
 
     # Every node had the code: the sync took no time.
-    hostvars["n1"]["torchherd_sync"] = {"skipped": True}
+    hostvars["n1"] = node(1, None, hostvars["n1"]["torchherd_start"])
     timings = summarize("/nonexistent", plan, node_results(["n0", "n1"], hostvars),
                         {"preflight": 10.0})["timings"]
     assert (timings["sync"], timings["start"]) == (0.0, 4.0)
@@ -166,3 +168,17 @@ def test_the_launcher_started_aheads_times_are_on_the_controllers_clock():
     assert (warm["started_at"], warm["ready_at"], warm["asked_at"]) == (1302.0, 1305.5, 1306.0)
     # The record itself keeps the node's times.
     assert ahead["torchherd_watch"]["record"]["job"]["warm"]["ready_at"] == 1605.5
+
+
+def test_code_already_there_counts_as_synced_only_where_the_launch_came_to_the_sync():
+    """A node whose code was current had nothing sent: zero files, once the gate let the launch
+    go on. Where the gate stopped the launch, or the code differed, no sync came to it."""
+    def node(current, gate_ok):
+        return {"torchherd_node": {"node_rank": 0}, "torchherd_facts": {"code_current": current},
+                "torchherd_gate": {"ok": gate_ok}}
+
+    assert node_results(["n0"], {"n0": node(True, True)})["n0"]["sync"] == {"files": 0, "bytes": 0}
+    assert node_results(["n0"], {"n0": node(True, False)})["n0"].get("sync") is None
+    assert node_results(["n0"], {"n0": node(False, True)})["n0"].get("sync") is None
+    sent = dict(node(False, True), torchherd_sync={"transferred_files": 2, "transferred_bytes": 5})
+    assert node_results(["n0"], {"n0": sent})["n0"]["sync"] == {"files": 2, "bytes": 5}

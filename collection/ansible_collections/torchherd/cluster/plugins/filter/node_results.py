@@ -57,6 +57,9 @@ _value:
     - Host name to a dict with C(node_rank), C(job_state), C(exit_code), C(unreachable),
       C(error), C(last_line), C(started_at), C(ended_at), C(first_output_at), C(checked_at),
       C(clock_offset), C(logs_fetched), C(sync).
+    - C(sync) - what the sync sent to the node, C(files) and C(bytes); zero for a node that had
+      the code already (its facts' C(code_current)) once the gate let the launch go on; null
+      where the sync did not come to the node.
     - C(sync_ended_at) (when the node's sync sent its code, null where nothing was sent) and
       C(start_answered_at) (when the answer of the start that started its job came back) are
       the controller's times, where the sync and the start phases ended (the latest node's).
@@ -144,7 +147,10 @@ def node_results(hosts, hostvars, nodes_dir=""):
             entry["unreachable"] = True
             entry["error"] = entry["error"] or states[host]["lost_why"]
         sync = _plain(hv.get("torchherd_sync"))
-        if sync.get("skipped"):  # the node had the code already
+        # The node had the code already (its facts' code_current), and the gate let the launch
+        # go on to the sync: the sync role ended there without a copy.
+        if not sync and _plain(hv.get("torchherd_facts")).get("code_current") \
+                and _plain(hv.get("torchherd_gate")).get("ok"):
             entry["sync"] = {"files": 0, "bytes": 0}
         elif "transferred_files" in sync:
             entry["sync"] = {"files": sync["transferred_files"],

@@ -75,6 +75,12 @@ options:
     type: list
     elements: str
     default: []
+  code_expect:
+    description:
+      - The controller's hash of the job's code; RV(code_current) says whether the code in
+        O(code_dir) is that. Empty compares nothing.
+    type: str
+    default: ""
   master_addr:
     description:
       - The master's address (or name) as the job reaches it; with it, the module chooses the
@@ -295,6 +301,13 @@ torch:
     launchers: {accelerate: 1.15.0, deepspeed: null}
     gloo_available: true
     error: null
+code_current:
+  description:
+    - Whether the code in O(code_dir) is the controller's (RV(code_hash) equals O(code_expect)),
+      so that the sync has nothing to send to this node; false where either is empty.
+  returned: always
+  type: bool
+  sample: true
 code_hash:
   description:
     - Content hash of O(code_files) in O(code_dir), computed as the controller computes its own,
@@ -756,6 +769,7 @@ def main():
             cache_seconds=dict(type="int", default=0),
             code_dir=dict(type="path", default=""),
             code_files=dict(type="list", elements="str", default=[]),
+            code_expect=dict(type="str", default=""),
             master_addr=dict(type="str", default=""),
             interface=dict(type="str", default=""),
             container=dict(type="dict", default={}, options=dict(
@@ -833,6 +847,7 @@ def main():
         rsync=shutil.which("rsync"),
         py_spy=py_spy_path(python),
         code_hash=code_hash,
+        code_current=bool(code_hash) and code_hash == p["code_expect"],
         running_jobs=running_jobs,
         warm=warm,
         gpu_processes=(driver or {}).get("processes"),
