@@ -107,3 +107,18 @@ def test_a_node_the_masters_gang_lost_is_lost_and_left_out():
     assert [h for h, s in states.items() if s["lost"]] == ["b"]
     assert states["b"]["lost_why"].startswith("its link to the master's gang closed")
     assert [h for h, s in states.items() if s["rules_open"] and not s["lost"]] == ["c"]
+
+
+def test_a_role_that_ended_before_its_task_opened_nothing_of_its_own():
+    """The firewall role ends on a node in its first task (a meta task, no result) where the
+    plan gives the node no firewall, or the start opens the rules itself: the plan and the
+    start's answer say which, and the record what the start opened and removed."""
+    enabled, disabled = ({"torchherd_node": {"firewall": {"enabled": on}}} for on in (True, False))
+    by_start = dict(enabled, torchherd_start={"firewall": {"rules": RULES}, "record": OPENED})
+    assert left(a=dict(by_start, torchherd_watch={"record": CLOSED}),
+                b=dict(disabled, torchherd_start={"started": True})) == []
+    # No word of the removal came back: the start's rules are still there.
+    assert left(a=by_start, b=dict(disabled, torchherd_start={})) == ["a"]
+    # A node with a firewall whose rules nobody spoke of (the start never came to it).
+    states = run_state(["a"], {"a": dict(enabled, torchherd_start={})})
+    assert states["a"]["rules_open"] == [UNKNOWN]

@@ -27,8 +27,10 @@ description:
     registered results, C(lost) (no answer over SSH, or named lost by the master's gang, whose
     record says which nodes it lost) and C(rules_open), the firewall rules still in place (the
     record's, and those the firewall role opened under become, from its result
-    C(torchherd_firewall)); where nothing is known of a node's rules, C(rules_open) says so
-    (the single rule C(unknown)), so that the teardown visits it.
+    C(torchherd_firewall)); a node that the plan gives no firewall (C(torchherd_node)), or
+    whose start opened the rules itself (its answer C(torchherd_start) says so), has none of the
+    role's; where nothing is known of a node's rules, C(rules_open) says so (the single rule
+    C(unknown)), so that the teardown visits it.
 positional: _input, hostvars
 options:
   _input:
@@ -117,6 +119,13 @@ def newest(copies):
 def _role_rules(hv):
     """The rules the firewall role opened (None: the role's result is not known)."""
     if "torchherd_firewall" not in hv:
+        # The role ended on this node before its task (its first, a meta task): the plan gives
+        # the node no firewall, or the start opened the rules itself (its answer says so, and
+        # the record holds what it opened).
+        node_firewall = _plain(_plain(hv.get("torchherd_node")).get("firewall"))
+        if (node_firewall and not node_firewall.get("enabled")) \
+                or "firewall" in _plain(hv.get("torchherd_start")):
+            return []
         return None
     role = _plain(hv["torchherd_firewall"])
     if role.get("skipped"):
