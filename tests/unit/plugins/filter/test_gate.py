@@ -4,29 +4,35 @@ import copy
 
 import pytest
 
-from ansible_collections.torchherd.cluster.plugins.filter.gate import (
-    DEFAULT_MATCH,
-    NODE_CHECKS,
-    _backend,
-    _match_keys,
-    _nprocs,
-    answered,
-    backend_available,
-    disk,
-    duplicate_gpus,
-    firewall_without_root,
-    gate,
-    interpreter,
-    launcher_installed,
-    py_spy,
-    reachable,
-    rsync,
-    run_id_free,
-    same_gpu_count,
-    versions_match,
-)
+from ansible_collections.torchherd.cluster.plugins.filter.gate import gate
 from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import NODE_CHECKS
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.answered import answered
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.disk import disk
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.environment import (
+    interpreter,
+    py_spy,
+    rsync,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.gpus import duplicate_gpus
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.network import (
+    firewall_without_root,
+    reachable,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.procs import (
+    _backend,
+    _nprocs,
+    backend_available,
+    same_gpu_count,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.running import run_id_free
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.versions import (
+    DEFAULT_MATCH,
+    _match_keys,
+    launcher_installed,
+    versions_match,
+)
 
 CPU = {
     "hostname": "n0", "root": "/root/.torchherd", "rsync": "/usr/bin/rsync",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_gate import gpu_facts, make
 
-from ansible_collections.torchherd.cluster.plugins.filter.gate import arch_support, gate
+from ansible_collections.torchherd.cluster.plugins.filter.gate import gate
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
     parse_apps,
     parse_smi,
@@ -18,6 +18,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts impor
     infiniband,
     shm_bytes,
 )
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.gpus import arch_support
 
 STATE = Path(__file__).resolve().parent / "fixtures" / "node_state"
 H100_ARCH = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
@@ -227,8 +228,8 @@ def test_a_small_dev_shm_warns_with_more_than_one_process(tmp_path):
 
 def test_the_job_spec_offers_exactly_the_refusals_that_may_warn():
     """preflight_warn's choices (the job spec) and the gate's DOWNGRADABLE are one list."""
-    from ansible_collections.torchherd.cluster.plugins.filter.gate import DOWNGRADABLE
     from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import DOWNGRADABLE
 
     job_keys = job_spec()["torchherd_job"]["options"]
     assert sorted(job_keys["preflight_warn"]["choices"]) == sorted(DOWNGRADABLE)

@@ -1,0 +1,41 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""What already runs on the nodes in the job's way: a run of its run id, a listener on the
+master port."""
+
+from __future__ import annotations
+
+import posixpath
+
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.common import problem
+
+
+def run_id_free(host, f, plan):
+    """No run of this run id is alive under the node's root. (Not under another root: nodes of
+    one machine - the local inventory - each have theirs, and see each other's processes; the
+    launcher started ahead on one (the schedule's start.warm) is no run on the others.)"""
+    own = posixpath.normpath(posixpath.join(str(f.get("root") or ""), "runs", plan["run_id"]))
+    return [problem(host, "run id", f"run {plan['run_id']} not running",
+                    f"running as pids {pids}",
+                    "a run id starts once: stop it (playbooks/stop.yml) "
+                    "or launch with another run id")
+            for run_dir, pids in (f.get("running_jobs") or {}).items()
+            if posixpath.normpath(run_dir) == own]
+
+
+def master_port(facts, plan):
+    master = plan["master"]["host"]
+    if master not in facts or facts[master].get("port_free") is not False:
+        return []
+    return [problem(master, "master port", f"port {plan['master']['port']} free on the master",
+                    "in use by another process",
+                    "stop what listens there (ss -ltnp sport = :PORT) or set "
+                    "torchherd_job.master_port to a free port")]
+
+
+def checks(run):
+    return master_port(run.facts, run.plan)
+
+
+NODE_CHECKS = (run_id_free,)
+CHECKS = (checks,)
