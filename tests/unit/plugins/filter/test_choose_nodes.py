@@ -3,7 +3,8 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchherd.cluster.plugins.filter.plan import choose_nodes, plan
+from ansible_collections.torchherd.cluster.plugins.filter.choose_nodes import choose_nodes
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 
 GROUPS = {"torchherd_nodes": ["n0", "n1", "n2", "n3"]}
 

@@ -1,8 +1,9 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec, plan
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import job_spec
 
 GROUPS = {"torchherd_nodes": ["a", "b", "c"], "other": ["x"]}
 HOSTVARS = {
@@ -334,7 +335,7 @@ def test_an_absolute_script_outside_code_src_is_refused_before_any_node(tmp_path
 
 
 def test_the_job_reaches_the_validator_as_plain_data():
-    from ansible_collections.torchherd.cluster.plugins.filter.plan import _plain
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import _plain
 
     class Tagged(str):
         """Stands for the tagged strings Ansible hands a filter (a str subclass)."""

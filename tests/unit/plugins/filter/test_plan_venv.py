@@ -4,8 +4,9 @@ venv and interpreter, the key that decides reuse."""
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchherd.cluster.plugins.filter.plan import plan, unpinned
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.runtime import unpinned
 
 GROUPS = {"torchherd_nodes": ["a", "b"]}
 HOSTVARS = {"a": {"ansible_host": "10.0.0.1", "ansible_python_interpreter": "/usr/bin/python3"},

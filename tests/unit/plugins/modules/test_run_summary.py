@@ -4,9 +4,11 @@ import os
 
 import pytest
 
-from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import (
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause import (
     failure_kind,
     failure_of,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import (
     newer,
     summarize,
 )
@@ -104,27 +106,25 @@ def test_error_file_gives_the_exception(tmp_path):
     assert found["traceback"] == "Traceback ..."
 
 
-REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-t.py FAILED
-------------------------------------------------------------
-Failures:
-[1]:
+# One failed rank in torchrun's report of a node.
+FAILURE = """[{index}]:
   time      : 2026-11-23_13:09:05
   host      : n1
-  rank      : {other} (local_rank: {other_local})
-  exitcode  : {other_code} (pid: 406)
+  rank      : {rank} (local_rank: {local})
+  exitcode  : {code} (pid: {pid})
   error_file: <N/A>
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-23_13:09:05
-  host      : n1
-  rank      : {root} (local_rank: {root_local})
-  exitcode  : {root_code} (pid: 405)
-  error_file: <N/A>
-============================================================
 """
+
+
+def failed_report(other, other_local, other_code, root, root_local, root_code):
+    """torchrun's report of two failed ranks of node n1: `other`, then the root cause `root`."""
+    rule = "-" * 60 + "\n"
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+            + "=" * 60 + "\nt.py FAILED\n" + rule + "Failures:\n"
+            + FAILURE.format(index=1, rank=other, local=other_local, code=other_code, pid=406)
+            + rule + "Root Cause (first observed failure):\n"
+            + FAILURE.format(index=0, rank=root, local=root_local, code=root_code, pid=405)
+            + "=" * 60 + "\n")
 
 
 def two_rank_node(tmp_path, logs, report, attempt=0):
@@ -147,7 +147,7 @@ def tb(rank, line):
 def test_torchruns_tied_root_cause_is_not_taken_for_the_rank_that_raised(tmp_path):
     # Both ranks died between two of torchrun's polls: its report names local rank 0, whose
     # error is the lost connection to rank 3, which raised first.
-    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
+    report = failed_report(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
     node = two_rank_node(tmp_path, {0: (tb(2, "RuntimeError: Connection closed by peer"), 101.0),
                                     1: (tb(3, "ValueError: injected"), 100.0)}, report)
     found = failure_of(node)
@@ -156,7 +156,7 @@ def test_torchruns_tied_root_cause_is_not_taken_for_the_rank_that_raised(tmp_pat
 
 
 def test_of_two_real_exceptions_the_earlier_is_the_root_cause(tmp_path):
-    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
+    report = failed_report(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
     logs = {0: (tb(2, "KeyError: 'a'"), 100.0), 1: (tb(3, "KeyError: 'b'"), 100.5)}
     assert failure_of(two_rank_node(tmp_path / "a", logs, report))["failing_rank"] == 2
     logs = {0: (tb(2, "KeyError: 'a'"), 100.5), 1: (tb(3, "KeyError: 'b'"), 100.0)}
@@ -165,7 +165,7 @@ def test_of_two_real_exceptions_the_earlier_is_the_root_cause(tmp_path):
 
 def test_a_rank_killed_by_a_signal_is_not_the_root_cause(tmp_path):
     # torchrun names the rank it killed itself after the other one failed.
-    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0,
+    report = failed_report(other=3, other_local=1, other_code=1, root=2, root_local=0,
                            root_code=-15)
     node = two_rank_node(tmp_path, {0: ("Signal 15 received\n", 99.0),
                                     1: (tb(3, "OSError: disk full"), 100.0)}, report)
@@ -173,7 +173,7 @@ def test_a_rank_killed_by_a_signal_is_not_the_root_cause(tmp_path):
     assert found["failing_rank"] == 3 and found["exception"] == "OSError: disk full"
     # A rank the kernel killed (out of memory) is a failure of its own, before one torchrun
     # terminated after it.
-    report = REPORT.format(other=2, other_local=0, other_code=-15, root=3, root_local=1,
+    report = failed_report(other=2, other_local=0, other_code=-15, root=3, root_local=1,
                            root_code=-9)
     node = two_rank_node(tmp_path / "oom", {0: ("Signal 15 received\n", 99.0),
                                             1: ("loading batch\n", 98.0)}, report)
@@ -213,7 +213,7 @@ def test_a_node_whose_rank_raised_before_the_stop_reached_it_failed(tmp_path):
 
 
 def test_the_last_attempt_of_a_restarted_job_counts(tmp_path):
-    report = REPORT.format(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
+    report = failed_report(other=3, other_local=1, other_code=1, root=2, root_local=0, root_code=1)
     node = two_rank_node(tmp_path, {0: (tb(2, "ValueError: first try"), 50.0)}, report, attempt=0)
     d = tmp_path / "n1" / "torchrun" / "x" / "attempt_1"
     for local, line, mtime in ((0, "RuntimeError: Connection reset by peer", 201.0),
@@ -244,7 +244,7 @@ torchherd-fail rank=3 t=1795491091.928
 def test_a_launcher_without_per_rank_files_names_the_rank_from_the_prefixes(tmp_path):
     """DeepSpeed's launcher writes every rank to the node log; the rank that raised by itself
     is named, not the peer that lost its connection after it (which wrote last)."""
-    from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import failure_of
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause import failure_of
 
     (tmp_path / "node.log").write_text(DEEPSPEED_NODE_LOG)
     found = failure_of(str(tmp_path))
@@ -320,7 +320,7 @@ def test_a_rank_that_crashed_is_named_with_its_crash_not_the_launchers_report(tm
     """A rank that died of SIGABRT (an exception no C++ thread caught) leaves no traceback and
     no error file: its own last words and the signal are the cause, not torchrun's (or
     accelerate's) ChildFailedError, the last traceback of the node log."""
-    report = REPORT.format(other=2, other_local=0, other_code=-15, root=3, root_local=1,
+    report = failed_report(other=2, other_local=0, other_code=-15, root=3, root_local=1,
                            root_code=-6)
     report = ("Traceback (most recent call last):\n  File \"run.py\", line 9, in <module>\n"
               + report.replace("  error_file: <N/A>\n=",

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from ansible_collections.torchherd.cluster.plugins.filter.plan import choose_nodes
-
 DOCUMENTATION = r"""
 name: choose_nodes
 author: torchherd developers
@@ -23,6 +21,8 @@ description:
     (a problem between nodes or of the launch itself, too few healthy nodes, or a master named
     by the job that failed). The gate then refuses the launch as it would without spares.
 positional: _input, gate, groups, hostvars
+extends_documentation_fragment:
+  - torchherd.cluster._inventory
 options:
   _input:
     description: The plan (C(torchherd_plan)).
@@ -30,14 +30,6 @@ options:
     required: true
   gate:
     description: The verdict of C(torchherd.cluster.gate) on the plan's nodes and spares.
-    type: dict
-    required: true
-  groups:
-    description: The inventory's C(groups).
-    type: dict
-    required: true
-  hostvars:
-    description: The inventory's C(hostvars).
     type: dict
     required: true
 """
@@ -54,6 +46,34 @@ _value:
     candidate left out and why.
   type: dict
 """
+
+
+from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.spares import healthy_choice
+
+
+def choose_nodes(plan_, gate_, groups, hostvars):
+    """The plan again on the healthy nodes (see RETURN of the filter docs): a spare takes the
+    place (the node rank) of a node that failed preflight, the master is the first chosen node
+    unless the job names one, and every value that follows from the nodes (ranks, firewall
+    peers, the master port's rule, nnodes, world size) is the plan filter's own. Unchanged where
+    the plan has no spares or no choice can save the launch (the gate then refuses it as
+    without spares)."""
+    if not plan_.get("spares"):
+        return plan_
+    choice = healthy_choice(plan_, gate_)
+    if choice is None:
+        return plan_
+    chosen, left_out, standbys = choice
+    # The plan's own job (normalized; secret values redacted, which no node-derived value
+    # reads). The script was checked by the first plan; it is the same job.
+    again = plan(plan_["job"], groups, hostvars, run_id=plan_["run_id"], playbook="verify",
+                 chosen=chosen, standbys=standbys)
+    result = dict(plan_)
+    result.update({key: again[key] for key in ("nodes", "nnodes", "nproc_per_node",
+                                               "world_size", "master", "barrier")})
+    result.update(spares=[], left_out={**plan_.get("excluded", {}), **left_out})
+    return result
 
 
 class FilterModule:
