@@ -4,13 +4,13 @@ import os
 import subprocess
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import proc_start_time
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
-    proc_start_time,
     read_state,
     run_paths,
     sleep_until_gone,
     supervisor_alive,
-    write_atomic,
 )
 
 

@@ -286,7 +286,7 @@ def test_without_rank_files_the_node_logs_growth_is_the_first_output(tmp_path):
 def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, monkeypatch):
     """The rules the start opened go once the job ends, with the firewall's own code, before
     the exit code says so; an error there is written down and the exit code still comes."""
-    from ansible_collections.torchherd.cluster.plugins.module_utils import _supervisor
+    from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import firewall
 
     print_to_fd_1(monkeypatch)
     seen = tmp_path / "seen"
@@ -298,7 +298,7 @@ def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, 
         seen.write_text(json.dumps([run_id, options, os.path.exists(paths["exit_code"])]))
         return {"changed": True, "rules": [], "backends": ["nftables"]}
 
-    monkeypatch.setattr(_supervisor, "close_rules", close_rules)
+    monkeypatch.setattr(firewall, "close_rules", close_rules)
     paths = run_paths(str(tmp_path), "r1")
     spawn(params(), paths, python("raise SystemExit(0)"), {}, close=rules)
     assert ended(paths)["exit_code"] == 0
@@ -311,7 +311,7 @@ def test_the_supervisor_removes_the_starts_rules_before_the_exit_code(tmp_path, 
     def broken(runner, run_id, options):
         raise RuntimeError("no nft here")
 
-    monkeypatch.setattr(_supervisor, "close_rules", broken)
+    monkeypatch.setattr(firewall, "close_rules", broken)
     paths = run_paths(str(tmp_path), "r2")
     spawn(params(run_id="r2"), paths, python("raise SystemExit(4)"), {}, close=rules)
     assert ended(paths)["exit_code"] == 4
@@ -335,6 +335,12 @@ def started(paths, code, processes):
             "ready" in log_text(paths) and len(job_pids(paths["dir"])) >= processes):
         time.sleep(0.05)
     return read_state(paths)["pid"]
+
+
+def on_sigterm(handler, setup=""):
+    """A job's code: `setup`, then `handler` set for SIGTERM, "ready" said, a minute's wait."""
+    return (f"import os, signal, subprocess, sys, time\n{setup}"
+            f"signal.signal(signal.SIGTERM, {handler})\nos.write(1, b'ready\\n')\ntime.sleep(60)\n")
 
 
 def log_text(paths):
@@ -424,17 +430,22 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def start_in_the_background(tmp_path, port, host, code):
+    """Starts `code` as the job of node `host` (a: the master) of a two-node run whose barrier
+    waits in its supervisors; the node's paths."""
+    paths = run_paths(str(tmp_path / host), "r1")
+    spawn(params(barrier=background(port, host == "a"), meta={"host": host},
+                 master_addr="127.0.0.1", master_port=port), paths, python(code), {})
+    return paths
+
+
 def test_in_the_background_the_nodes_meet_and_one_failure_stops_the_others(tmp_path):
     port = free_port()
-    master = run_paths(str(tmp_path / "a"), "r1")
-    node = run_paths(str(tmp_path / "b"), "r1")
-    common = {"master_addr": "127.0.0.1", "master_port": port}
-    spawn(params(barrier=background(port, True), meta={"host": "a"}, **common), master,
-          python("import time; time.sleep(60)"), {})
+    master = start_in_the_background(tmp_path, port, "a", "import time; time.sleep(60)")
     # The start returned while the master waits at the barrier: the job counts as running.
     assert read_state(master)["state"] == "running"
-    spawn(params(barrier=background(port, False), meta={"host": "b"}, **common), node,
-          python("import sys, time; time.sleep(1); sys.exit(3)"), {})
+    node = start_in_the_background(tmp_path, port, "b",
+                                   "import sys, time; time.sleep(1); sys.exit(3)")
     failed = ended(node)
     assert (failed["state"], failed["exit_code"]) == ("failed", 3)
     # The master heard it from b's supervisor and stopped its own job: no controller.
@@ -449,11 +460,7 @@ def test_in_the_background_the_nodes_meet_and_one_failure_stops_the_others(tmp_p
 
 def test_a_failed_worker_stops_the_others_before_its_launcher_ends(tmp_path):
     port = free_port()
-    master = run_paths(str(tmp_path / "a"), "r1")
-    node = run_paths(str(tmp_path / "b"), "r1")
-    common = {"master_addr": "127.0.0.1", "master_port": port}
-    spawn(params(barrier=background(port, True), meta={"host": "a"}, **common), master,
-          python("import time; time.sleep(60)"), {})
+    master = start_in_the_background(tmp_path, port, "a", "import time; time.sleep(60)")
     # b's launcher does not look at its worker for a minute (as torchrun on starved cores):
     # the worker's exit code is read from its zombie, and the others stop at once. A child of
     # the launcher that is no rank (no LOCAL_RANK) fails first, and counts for nothing.
@@ -462,8 +469,7 @@ def test_a_failed_worker_stops_the_others_before_its_launcher_ends(tmp_path):
             "subprocess.Popen([sys.executable, '-c', 'import sys, time; time.sleep(1.5); "
             "sys.exit(3)'], env=dict(os.environ, LOCAL_RANK='0')); time.sleep(60)")
     began = time.monotonic()
-    spawn(params(barrier=background(port, False), meta={"host": "b"}, **common), node,
-          python(slow), {})
+    node = start_in_the_background(tmp_path, port, "b", slow)
     stopped = ended(master, 20)
     assert stopped["state"] == "stopped", stopped
     assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
@@ -521,11 +527,9 @@ def test_a_launcher_whose_workers_ended_gets_two_seconds_not_the_grace(tmp_path)
     paths = run_paths(str(tmp_path), "r1")
     # A launcher that stays after SIGTERM (as torchrun can, signalled in its own shutdown),
     # and its worker, which the test ends.
-    launcher = ("import os, signal, subprocess, sys, time; subprocess.Popen([sys.executable, "
-                "'-c', 'import time; time.sleep(60)'], start_new_session=True); "
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN); os.write(1, b'ready\\n'); "
-                "time.sleep(60)")
-    pid = started(paths, launcher, 2)
+    start_worker = ("subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+                    "start_new_session=True)\n")
+    pid = started(paths, on_sigterm("signal.SIG_IGN", start_worker), 2)
     # The worker is in a session of its own: the launcher's group SIGTERM misses it, so end it.
     worker = next(p for p in job_pids(paths["dir"]) if p != pid)
     os.kill(worker, signal.SIGTERM)
@@ -540,11 +544,9 @@ def test_a_launcher_whose_workers_ended_gets_two_seconds_not_the_grace(tmp_path)
 def test_a_second_stopper_sends_no_second_sigterm(tmp_path):
     paths = run_paths(str(tmp_path), "r1")
     # Counts the SIGTERMs it gets in the node log, and ends on the second.
-    counter = ("import os, signal, time\nn = [0]\ndef on(*_):\n    n[0] += 1\n"
-               "    os.write(1, b'term %d\\n' % n[0])\n    if n[0] > 1: os._exit(9)\n"
-               "signal.signal(signal.SIGTERM, on)\nos.write(1, b'ready\\n')\n"
-               "while True: time.sleep(0.05)\n")
-    pid = started(paths, counter, 1)
+    counter = ("n = [0]\ndef on(*_):\n    n[0] += 1\n    os.write(1, b'term %d\\n' % n[0])\n"
+               "    if n[0] > 1: os._exit(9)\n")
+    pid = started(paths, on_sigterm("on", counter), 1)
     stoppers = [threading.Thread(target=stop, args=(paths, pid, 1)) for _ in range(2)]
     for thread in stoppers:
         thread.start()

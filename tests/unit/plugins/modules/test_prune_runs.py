@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
-    proc_start_time,
-    run_paths,
-    write_atomic,
-)
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import proc_start_time
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import run_paths
 from ansible_collections.torchherd.cluster.plugins.modules.prune_runs import prune_one
 
 

@@ -13,8 +13,16 @@ import json
 import os
 import select
 import signal
-import threading
 import time
+
+# write_atomic is imported from here too, with the run directory's other helpers.
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import (
+    write_atomic as write_atomic,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import (
+    proc_start_time,
+    read_stat,
+)
 
 MARKER = "TORCHHERD_RUN"
 
@@ -54,35 +62,13 @@ def read_text(path):
         return None
 
 
-def write_atomic(path, text):
-    # Per process and thread: the supervisor's threads (the gang's stop, its own end) write too.
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
-def proc_start_time(pid):
-    """Start time of a process in clock ticks since boot: tells a live pid from a reused one."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def running(pid, start):
     """Whether process `pid`, started at `start` (proc_start_time), still runs: not a reused
     pid, and not a zombie. A process that has exited stays in /proc, with its start time, until
     its parent reaps it; a daemon's parent after a double fork (init, or a container's first
     process) may take a second or more to, and the job has ended by then."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[19] == start and fields[0] not in ("Z", "X")
+    stat = read_stat(pid)
+    return stat is not None and stat["start_time"] == start and stat["state"] not in ("Z", "X")
 
 
 def job_pids(run_dir):
@@ -96,11 +82,12 @@ def job_pids(run_dir):
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 environ = handle.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
-                status = handle.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if wanted in environ and status != "Z":
+        if wanted not in environ:
+            continue
+        stat = read_stat(entry)
+        if stat is not None and stat["state"] != "Z":
             found.append(int(entry))
     return sorted(found)
 

@@ -19,6 +19,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import read_stat
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import job_pids
 
 # What the start exports for NCCL jobs (a user's own value wins): a record of the last
@@ -103,14 +104,6 @@ def _environ(pid):
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
-def _parent(pid):
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -130,7 +123,7 @@ def processes(run_dir):
     for pid in pids:
         env = envs[pid]
         rank = env.get("RANK")
-        parent = _parent(pid)
+        parent = (read_stat(pid) or {}).get("ppid")
         if rank is None:
             role = "launcher"
         elif parent in envs and envs[parent].get("RANK") == rank:

@@ -10,6 +10,7 @@ import signal
 import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._container import remove
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import read_stat
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
     load_json,
@@ -54,13 +55,9 @@ def _stop_wrapped(run_dir, wrapper_pid, grace):
     def outside():
         found = {}
         for pid in job_pids(run_dir):
-            try:
-                if os.getpgid(pid) == wrapper_pid:
-                    continue
-                with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-                    found[pid] = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
+            stat = read_stat(pid)
+            if stat is not None and stat["pgrp"] != wrapper_pid:
+                found[pid] = stat["ppid"]
         return found
 
     procs = outside()

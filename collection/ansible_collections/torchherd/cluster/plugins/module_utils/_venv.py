@@ -21,6 +21,8 @@ import subprocess
 import time
 from urllib.parse import urlsplit
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+
 MARKER = ".torchherd-venv.json"
 LOCK_FILE = "torchherd-lock.txt"
 # What a failed command leaves in the answer: its last lines, enough to say why.
@@ -140,10 +142,7 @@ def ensure(path, lock, key, python, root, index_url="", find_links=(), system_si
         frozen = _run(uv_argv + ["pip", "freeze", "--python", venv_python], env=env)
         record = {"key": key, "uv": version, "made_at": time.time(),
                   "packages": [line for line in frozen.splitlines() if line.strip()]}
-        tmp = marker + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, marker)
+        write_atomic(marker, json.dumps(record))
     return dict(answer, made=True, seconds=round(time.time() - started, 3), uv=version,
                 packages=record["packages"], made_at=record["made_at"])
 

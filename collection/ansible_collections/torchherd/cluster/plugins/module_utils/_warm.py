@@ -38,10 +38,11 @@ import subprocess
 import threading
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import proc_start_time
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     MARKER,
     job_pids,
-    proc_start_time,
     running,
 )
 
@@ -213,10 +214,7 @@ def start_warm(python, module, run_dir, root, env, deadline, environ=None):
     try:
         if not os.path.exists(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp.{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(SERVER)
-            os.replace(tmp, path)
+            write_atomic(path, SERVER)
         full = dict(os.environ if environ is None else environ)
         full.update({k: str(v) for k, v in env.items()})
         full.update({MARKER: run_dir, "PYTHONUNBUFFERED": "1"})

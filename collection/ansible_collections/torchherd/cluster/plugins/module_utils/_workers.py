@@ -9,6 +9,7 @@ import os
 import select
 import subprocess
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._proc import read_stat
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     LAUNCHER_GRACE,
     terminate,
@@ -80,12 +81,8 @@ def _children(pid):
 def _zombie_code(pid):
     """The exit code of an ended, not yet reaped process (negative: the signal that ended it);
     None once it is reaped."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
+    found = read_stat(pid)
+    if found is None or found["state"] != "Z" or found["exit_status"] is None:
         return None
-    if fields[0] != "Z" or len(fields) < 50:
-        return None
-    status = int(fields[49])
+    status = found["exit_status"]
     return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF

@@ -15,6 +15,8 @@ import re
 import shutil
 import subprocess
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+
 TAG = "torchherd:"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # nftables comments hold at most 128 bytes: "torchherd:" + id + ":" + 8 hex digits must fit.
@@ -215,8 +217,4 @@ def remove(path):
 
 def write_text(path, text, mode=0o644):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode)
