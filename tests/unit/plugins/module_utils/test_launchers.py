@@ -10,13 +10,14 @@ import sys
 import pytest
 import yaml
 
+from ansible_collections.torchherd.cluster.plugins.doc_fragments import _torchrun_job
 from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
+from ansible_collections.torchherd.cluster.plugins.module_utils import _torchprobe
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import (
     LAUNCHERS,
     distributions,
     packages,
 )
-from ansible_collections.torchherd.cluster.plugins.modules import node_facts, torchrun_job
 
 STATIC = {"rdzv": "static"}
 
@@ -28,7 +29,7 @@ def test_the_plan_roles_choices_are_the_registrys_names_in_its_order():
 
 
 def test_the_torchrun_job_modules_choices_are_the_registrys_names():
-    options = yaml.safe_load(torchrun_job.DOCUMENTATION)["options"]
+    options = yaml.safe_load(_torchrun_job.ModuleDocFragment.DOCUMENTATION)["options"]
     assert options["launcher"]["choices"] == list(LAUNCHERS)
 
 
@@ -74,18 +75,18 @@ def test_node_facts_reads_the_version_of_every_launchers_distribution():
     """The code that runs in the job's interpreter reads the registry's distributions by their
     launcher's name; a distribution that is installed gives its version."""
     scope = {}
-    exec(compile(node_facts.LAUNCHER_VERSIONS, "<launcher_versions>", "exec"), scope)
+    exec(compile(_torchprobe.LAUNCHER_VERSIONS, "<launcher_versions>", "exec"), scope)
     assert set(scope["launcher_versions"]()) == set(distributions())
     scope["DISTRIBUTIONS"] = {"somelauncher": "pytest"}
     assert scope["launcher_versions"]() == {"somelauncher": pytest.__version__}
-    assert node_facts.TORCH_PROBE.startswith(node_facts.LAUNCHER_VERSIONS)
-    assert node_facts.FINGERPRINT.startswith(node_facts.LAUNCHER_VERSIONS)
+    assert _torchprobe.TORCH_PROBE.startswith(_torchprobe.LAUNCHER_VERSIONS)
+    assert _torchprobe.FINGERPRINT.startswith(_torchprobe.LAUNCHER_VERSIONS)
 
 
 def test_a_launcher_that_is_not_importable_costs_no_metadata_scan():
     """Its package not found: version None, and importlib.metadata (a tenth of a second to
     import, on every launch's fingerprint) is never imported. -S: no site, which may import it."""
-    code = (node_facts.LAUNCHER_VERSIONS
+    code = (_torchprobe.LAUNCHER_VERSIONS
             + "\nDISTRIBUTIONS = {'gone': 'no-such-distribution-here'}\nPACKAGES = {}\n"
               "import json, sys\nprint(json.dumps([launcher_versions(), "
               "'importlib.metadata' in sys.modules]))")

@@ -7,7 +7,11 @@ import threading
 
 import pytest
 
-from ansible_collections.torchherd.cluster.plugins.module_utils import _probe
+from ansible_collections.torchherd.cluster.plugins.module_utils import (
+    _probe,
+    _probeback,
+    _probeproblems,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import (
     ABORT,
     GO,
@@ -304,7 +308,7 @@ def closed_to_its_peers(port, name, source):
     firewall admits the master's address alone looks like to its peers."""
     reachable, error, kept = connect("127.0.0.1", port, TOKEN, 2, 5, keep=True, source=source)
     assert reachable, error
-    back = _probe._BackPort(source, TOKEN, 10)
+    back = _probeback.BackPort(source, TOKEN, 10)
     back.start()
     kept.sock.sendall(f"back {back.port} {name}\n".encode())
     assert back.reached.wait(5)
@@ -339,9 +343,9 @@ def test_a_pair_that_cannot_connect_calls_the_start_off_on_every_node_naming_it(
 
 
 def test_check_peers_names_each_peer_it_cannot_reach_and_skips_itself():
-    mine = _probe._BackPort("127.0.0.1", TOKEN, 10)
+    mine = _probeback.BackPort("127.0.0.1", TOKEN, 10)
     mine.start()
-    other = _probe._BackPort("127.0.0.2", TOKEN, 10)
+    other = _probeback.BackPort("127.0.0.2", TOKEN, 10)
     other.start()
     gone = free_port()
     try:
@@ -363,7 +367,7 @@ def test_the_pairs_message_names_both_nodes_the_addresses_and_the_port():
     assert "from node2 (10.1.0.3) to node3 at 10.1.0.4:29531" in problem["expected"]
     assert problem["found"].startswith("timed out after 3 s")
     assert "allow TCP from 10.1.0.3 to 10.1.0.4" in problem["fix"]
-    said = _probe.describe([problem] * 7)
+    said = _probeproblems.describe([problem] * 7)
     assert said.startswith("node2 -> node3: peers reachable: expected ")
     assert said.count("node2 -> node3") == 5 and said.endswith("and 2 more")
 

@@ -9,12 +9,13 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.torchherd.cluster.plugins.module_utils import _firewall as fw
+from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.wait import close_firewall
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
     read_record,
     rules_open,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
-from ansible_collections.torchherd.cluster.plugins.modules import firewall_rules, torchrun_job
+from ansible_collections.torchherd.cluster.plugins.modules import firewall_rules
 
 FAILED = "nft -j list ruleset failed (exit code 1): Error: Operation not permitted"
 
@@ -75,7 +76,7 @@ def test_rules_that_torchrun_job_cannot_remove_are_reported_not_failed(module, m
         job = AnsibleModule(argument_spec={})
     firewall = dict(peers=["10.0.0.2"], mode="members", ports=[], backend="auto", persistent=False)
     paths = {"dir": str(tmp_path)}
-    closed = torchrun_job.close_firewall(job, {"run_id": "run-1", "firewall": firewall}, paths)
+    closed = close_firewall(job, {"run_id": "run-1", "firewall": firewall}, paths)
     assert closed == {"changed": False, "error": FAILED}
     assert warnings == [f"the rules of run run-1 could not be removed here: {FAILED}"]
     # The record keeps the wait's try and its error: the teardown still visits this node.
@@ -98,12 +99,11 @@ def test_the_wait_takes_the_supervisors_removal_and_tries_again_after_its_error(
     record(paths, "firewall", opened_by="start", rules=["nft: accept from 10.0.0.2"])
     record(paths, "firewall", closed_by="supervisor", changed=True, error=None)
     p = {"run_id": "run-1", "firewall": firewall}
-    assert torchrun_job.close_firewall(job, p, paths) == {"changed": False,
-                                                          "closed_by": "supervisor"}
+    assert close_firewall(job, p, paths) == {"changed": False, "closed_by": "supervisor"}
     assert commands == []
     assert rules_open(read_record(paths)) == []
     record(paths, "firewall", closed_by="supervisor", changed=False, error="nft: gone")
     assert rules_open(read_record(paths)) == ["nft: accept from 10.0.0.2"]
-    closed = torchrun_job.close_firewall(job, p, paths)
+    closed = close_firewall(job, p, paths)
     assert closed == {"changed": False, "error": FAILED}
     assert commands == [["/usr/sbin/nft", "-j", "list", "ruleset"]]

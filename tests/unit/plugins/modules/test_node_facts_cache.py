@@ -2,36 +2,13 @@
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
+from nvidia_proc import INFORMATION, driver_dir
 
-from ansible_collections.torchherd.cluster.plugins.modules import node_facts
-
-# /proc/driver/nvidia/gpus/0000:18:00.0/information as an H100 node's driver writes it.
-INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
-IRQ:   \t\t 163
-GPU UUID: \t GPU-5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d
-Video BIOS: \t 96.00.99.00.01
-Bus Type: \t PCIe
-DMA Size: \t 52 bits
-DMA Mask: \t 0xfffffffffffff
-Bus Location: \t 0000:18:00.0
-Device Minor: \t 0
-GPU Excluded:\t No
-"""
-
-
-def driver_dir(tmp_path, gpus):
-    """A recorded /proc/driver/nvidia with these {bus: information} GPUs."""
-    proc = tmp_path / "nvidia"
-    for bus, text in gpus.items():
-        (proc / "gpus" / bus).mkdir(parents=True)
-        (proc / "gpus" / bus / "information").write_text(text)
-    (proc / "version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
-                                  "570.124.06  Release Build  Tue Feb 25 04:08:58 UTC 2025\n")
-    return str(proc)
-
+from ansible_collections.torchherd.cluster.plugins.module_utils import _torchprobe
 
 GOOD = ({"path": sys.executable, "version": "3.11.2"},
         {"version": "2.13.0+cpu", "cuda": None, "error": None})
@@ -45,13 +22,13 @@ def probes(monkeypatch):
         calls.append(python if not prefix else (python, tuple(prefix)))
         return GOOD[0], dict(GOOD[1])
 
-    monkeypatch.setattr(node_facts, "probe_torch", fake)
+    monkeypatch.setattr(_torchprobe, "probe_torch", fake)
     return calls
 
 
 def test_second_probe_comes_from_the_cache(tmp_path, probes):
-    _, first = node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
-    _, second = node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _, first = _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _, second = _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     assert (first["cached"], second["cached"]) == (False, True)
     assert second["version"] == "2.13.0+cpu"
     assert len(probes) == 1
@@ -59,49 +36,49 @@ def test_second_probe_comes_from_the_cache(tmp_path, probes):
 
 def test_zero_seconds_probes_every_time_and_writes_nothing(tmp_path, probes):
     for _ in range(2):
-        assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 0)[1]["cached"] is False
+        assert _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 0)[1]["cached"] is False
     assert len(probes) == 2
     assert not (tmp_path / ".torch-probe.json").exists()
 
 
 @pytest.mark.parametrize("var", ["LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"])
 def test_a_changed_environment_probes_again(tmp_path, probes, monkeypatch, var):
-    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     monkeypatch.setenv(var, "/elsewhere" if var == "LD_LIBRARY_PATH" else "1")
-    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    assert _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
     assert len(probes) == 2
 
 
 def test_a_changed_torch_install_probes_again(tmp_path, probes):
-    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     cache = tmp_path / ".torch-probe.json"
     entries = json.loads(cache.read_text())
     # What a reinstall looks like to the fingerprint: other times on torch's files.
     for entry in entries.values():
         entry["key"]["interpreter"][3][1][1] += 1
     cache.write_text(json.dumps(entries))
-    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    assert _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
 
 
 def test_an_expired_or_failed_probe_is_not_reused(tmp_path, probes, monkeypatch):
-    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     cache = tmp_path / ".torch-probe.json"
     entries = json.loads(cache.read_text())
     for entry in entries.values():
         entry["at"] -= 7200
     cache.write_text(json.dumps(entries))
-    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    assert _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
     cache.unlink()
-    monkeypatch.setattr(node_facts, "probe_torch", lambda python, timeout, nvml=False, prefix=(): (
+    monkeypatch.setattr(_torchprobe, "probe_torch", lambda python, timeout, nvml=False, prefix=(): (
         GOOD[0], {"version": None, "error": "ModuleNotFoundError: No module named 'torch'"}))
-    node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)
+    _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)
     assert not cache.exists()
 
 
 def test_a_corrupt_cache_file_is_ignored(tmp_path, probes):
     (tmp_path / ".torch-probe.json").write_text("{not json")
-    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
-    assert node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is True
+    assert _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is False
+    assert _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600)[1]["cached"] is True
 
 
 def test_the_fingerprint_in_process_is_the_one_of_a_subprocess(tmp_path):
@@ -110,20 +87,20 @@ def test_the_fingerprint_in_process_is_the_one_of_a_subprocess(tmp_path):
     holds either way. (Not a link elsewhere: a venv's python away from its pyvenv.cfg is the
     base interpreter, with other packages.)"""
     other = os.path.join(os.path.dirname(sys.executable), ".", os.path.basename(sys.executable))
-    here = node_facts.fingerprint(sys.executable, 30)
-    there = node_facts.fingerprint(other, 30)
+    here = _torchprobe.fingerprint(sys.executable, 30)
+    there = _torchprobe.fingerprint(other, 30)
     assert here is not None and there is not None
     assert here == there
     assert here["interpreter"][2] == there["interpreter"][2]  # torch's spec origin
     # A python that is not there cannot be fingerprinted, so the probe runs uncached.
-    assert node_facts.fingerprint(str(tmp_path / "missing"), 30) is None
+    assert _torchprobe.fingerprint(str(tmp_path / "missing"), 30) is None
 
 
 def test_a_node_with_an_nvidia_driver_hits_the_cache(tmp_path, probes, monkeypatch):
     """The real fingerprint on a recorded driver (its GPUs' information files), stored in the
     cache and read back (JSON: lists, never tuples), equals a fresh one: a hit. Another GPU or
     another torch is a miss."""
-    monkeypatch.setattr(node_facts, "NVIDIA_PROC",
+    monkeypatch.setattr(_torchprobe, "NVIDIA_PROC",
                         driver_dir(tmp_path, {"0000:18:00.0": INFORMATION}))
     # Another spelling of this interpreter: the fingerprint runs in a subprocess, which finds
     # the torch on PYTHONPATH, a stand-in whose files can change as a reinstall changes them.
@@ -134,8 +111,8 @@ def test_a_node_with_an_nvidia_driver_hits_the_cache(tmp_path, probes, monkeypat
     (torch / "version.py").write_text("__version__ = '2.13.0+cu130'\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     root = tmp_path / "root"
-    _, first = node_facts.cached_probe(python, 30, str(root), 3600)
-    _, second = node_facts.cached_probe(python, 30, str(root), 3600)
+    _, first = _torchprobe.cached_probe(python, 30, str(root), 3600)
+    _, second = _torchprobe.cached_probe(python, 30, str(root), 3600)
     assert (first["cached"], second["cached"]) == (False, True)
     assert len(probes) == 1
     stored, = json.loads((root / ".torch-probe.json").read_text()).values()
@@ -143,13 +120,13 @@ def test_a_node_with_an_nvidia_driver_hits_the_cache(tmp_path, probes, monkeypat
     assert stored["key"]["interpreter"][2] == str(torch / "__init__.py")
     # Another torch (a reinstall writes its files anew): a miss, then a hit again.
     (torch / "version.py").write_text("__version__ = '2.13.1+cu130'  # reinstalled\n")
-    assert node_facts.cached_probe(python, 30, str(root), 3600)[1]["cached"] is False
-    assert node_facts.cached_probe(python, 30, str(root), 3600)[1]["cached"] is True
+    assert _torchprobe.cached_probe(python, 30, str(root), 3600)[1]["cached"] is False
+    assert _torchprobe.cached_probe(python, 30, str(root), 3600)[1]["cached"] is True
     # A GPU more (or other) is another machine as far as the probe is concerned.
     second_gpu = tmp_path / "nvidia" / "gpus" / "0000:2a:00.0"
     second_gpu.mkdir()
     (second_gpu / "information").write_text(INFORMATION.replace("18:00.0", "2a:00.0"))
-    assert node_facts.cached_probe(python, 30, str(root), 3600)[1]["cached"] is False
+    assert _torchprobe.cached_probe(python, 30, str(root), 3600)[1]["cached"] is False
     assert len(probes) == 3
 
 
@@ -163,22 +140,22 @@ def test_the_gpus_come_from_the_driver_and_torch_creates_no_cuda_context(tmp_pat
         asked.append(nvml)
         return GOOD[0], dict(GOOD[1], cuda="13.0", cuda_available=True, gpu_count=1, gpus=[])
 
-    monkeypatch.setattr(node_facts, "probe_torch", fake)
-    monkeypatch.setattr(node_facts, "NVIDIA_PROC", driver_dir(tmp_path, {
+    monkeypatch.setattr(_torchprobe, "probe_torch", fake)
+    monkeypatch.setattr(_torchprobe, "NVIDIA_PROC", driver_dir(tmp_path, {
         "0000:18:00.0": INFORMATION,
         "0000:2a:00.0": INFORMATION.replace("5d6c7f6a", "0a1b2c3d").replace("18:00.0", "2a:00.0")}))
-    monkeypatch.setattr(node_facts.shutil, "which", lambda name, *a, **k: None)  # no nvidia-smi
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)  # no nvidia-smi
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    _, torch = node_facts.probe(sys.executable, 30)
+    _, torch = _torchprobe.probe(sys.executable, 30)
     assert asked == [True]
     assert torch["gpus_from"] == "proc" and torch["driver"] == "570.124.06"
     assert [(g["index"], g["uuid"][:8], g["bus"]) for g in torch["gpus"]] == [
         (0, "0a1b2c3d", "0000:2a:00.0")]
     # MIG instances only CUDA resolves: torch lists them, as without a driver's files.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d")
-    assert node_facts.probe(sys.executable, 30)[1]["gpus_from"] == "torch"
-    monkeypatch.setattr(node_facts, "NVIDIA_PROC", str(tmp_path / "none"))
-    _, torch = node_facts.probe(sys.executable, 30)
+    assert _torchprobe.probe(sys.executable, 30)[1]["gpus_from"] == "torch"
+    monkeypatch.setattr(_torchprobe, "NVIDIA_PROC", str(tmp_path / "none"))
+    _, torch = _torchprobe.probe(sys.executable, 30)
     assert asked == [True, False, False]
     assert torch["gpus_from"] == "torch" and torch["driver"] is None
 
@@ -186,7 +163,7 @@ def test_the_gpus_come_from_the_driver_and_torch_creates_no_cuda_context(tmp_pat
 def test_the_nvml_probe_runs_in_a_real_torch(tmp_path):
     """The probe program with its NVML argument in this venv's torch (a CPU build): it answers,
     and a CPU build sees no GPU whatever the driver lists."""
-    py, torch = node_facts.probe_torch(sys.executable, 120, nvml=True)
+    py, torch = _torchprobe.probe_torch(sys.executable, 120, nvml=True)
     assert py["error"] is None and torch["error"] is None, torch
     assert torch["version"].startswith("2.") and torch["gpu_count"] == 0 and torch["gpus"] == []
 
@@ -201,14 +178,14 @@ def test_a_cached_probes_gpus_take_the_state_read_now():
                      "compute_mode": "Prohibited", "compute_cap": "9.0", "mig_mode": "Enabled",
                      "ecc_uncorrected": 3, "retired_pending": None, "remapped_pending": True},
                     {"index": 1, "uuid": "0a1b", "persistence_mode": True}]}
-    gpu = node_facts.refresh(cached, now)["gpus"]
+    gpu = _torchprobe.refresh(cached, now)["gpus"]
     assert len(gpu) == 1 and gpu[0]["name"] == "NVIDIA H100 80GB HBM3"  # not the state's
-    assert {k: gpu[0][k] for k in node_facts.LIVE} == {
+    assert {k: gpu[0][k] for k in _torchprobe.LIVE} == {
         "persistence_mode": False, "compute_mode": "Prohibited", "compute_cap": "9.0",
         "mig_mode": "Enabled", "ecc_uncorrected": 3, "retired_pending": None,
         "remapped_pending": True}
     # No driver now (nvidia-smi gone): the probe's stays.
-    assert node_facts.refresh({"gpus": [dict(cached["gpus"][0])]}, None)["gpus"] == \
+    assert _torchprobe.refresh({"gpus": [dict(cached["gpus"][0])]}, None)["gpus"] == \
         cached["gpus"]
 
 
@@ -220,7 +197,7 @@ def test_gpus_seen_by_nvidia_smi_alone_are_part_of_the_key(tmp_path, probes):
                 "driver": version, "source": "nvidia-smi"}
 
     def cached(driver):
-        return node_facts.cached_probe(sys.executable, 30, str(tmp_path), 3600, driver)[1]
+        return _torchprobe.cached_probe(sys.executable, 30, str(tmp_path), 3600, driver)[1]
 
     assert cached(smi("aaaa"))["cached"] is False
     assert cached(smi("aaaa"))["cached"] is True
@@ -231,11 +208,11 @@ def test_gpus_seen_by_nvidia_smi_alone_are_part_of_the_key(tmp_path, probes):
 def test_an_image_is_probed_inside_it_and_cached_by_its_id(probes, tmp_path):
     image = {"id": "5eb7d3349f43", "path": "/usr/bin/podman", "image": "localhost/train:1"}
     prefix = ["/usr/bin/podman", "run", "--rm", "5eb7d3349f43"]
-    ask = lambda found: node_facts.cached_probe("python3", 30, str(tmp_path), 3600, None,  # noqa: E731
+    ask = lambda found: _torchprobe.cached_probe("python3", 30, str(tmp_path), 3600, None,  # noqa: E731
                                                 found, prefix)[1]["cached"]
     assert ask(image) is False and probes == [("python3", tuple(prefix))]
     assert ask(image) is True and len(probes) == 1
     # The tag moved to another image: probed again; the node's own python3 is another entry.
     assert ask(dict(image, id="0a393fa62322")) is False and len(probes) == 2
-    assert node_facts.cached_probe("python3", 30, str(tmp_path), 3600, None)[1]["cached"] \
+    assert _torchprobe.cached_probe("python3", 30, str(tmp_path), 3600, None)[1]["cached"] \
         is False

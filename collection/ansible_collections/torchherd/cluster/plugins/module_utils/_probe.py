@@ -16,17 +16,31 @@ master. Once every node came and was reached back, the master tells each node ev
 port (the same kernel-picked port at its job interface's address, open to the master already),
 each connects to all the others at once and reports the ones it could not reach, and the master
 says go only where none failed. It costs a node one connection per peer, in parallel, in the
-barrier's own round trips (see pair_seconds)."""
+barrier's own round trips (see pair_seconds).
+
+A node's back port is _probeback's, what the barrier says of failed pairs _probeproblems',
+and the master port is bound as _ports binds it."""
 
 from __future__ import annotations
 
 import errno
 import json
-import os
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._ports import bind
+from ansible_collections.torchherd.cluster.plugins.module_utils._probeback import (
+    BACK,
+    back_error,
+    offer_back,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._probeproblems import (
+    called_off,
+    pair_problem,
+    problem,
+)
 
 GO = "go"
 ABORT = "abort"
@@ -39,32 +53,6 @@ PARALLEL = 64
 LONG_LINE = 1 << 20
 # The failed pairs the master names with its abort: a node shut to all is N - 1 of them.
 MOST_PAIRS = 100
-
-
-def bind(port):
-    """(listening socket, None) or (None, reason)."""
-    last = None
-    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        # A kernel without IPv6 (ipv6.disable=1, common on HPC nodes) refuses the AF_INET6
-        # socket itself: then plain IPv4.
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as exc:
-            last = exc
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                # One dual-stack socket where the node has IPv6, else plain IPv4.
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((addr, port))
-            sock.listen(64)
-            return sock, None
-        except OSError as exc:
-            last = exc
-            sock.close()
-    reason = os.strerror(last.errno) if last.errno else str(last)
-    return None, f"cannot listen on port {port}: {reason}"
 
 
 class Listener(threading.Thread):
@@ -169,7 +157,7 @@ class Listener(threading.Thread):
             except ValueError:
                 failed = None
             if not isinstance(failed, list):
-                problems.append(_problem(
+                problems.append(problem(
                     entry["name"], "peers reachable",
                     f"{entry['name']} to report within {seconds:g} s which of the job's other "
                     f"nodes it could open a TCP connection to",
@@ -198,9 +186,6 @@ class Listener(threading.Thread):
                 pass
             conn.close()
         self.held = []
-
-
-BACK = "back"
 
 
 def _read_line(conn, timeout, limit=256):
@@ -232,87 +217,6 @@ def connect_back(address, port, token, timeout, source=None):
         return "no route to host" if exc.errno == errno.EHOSTUNREACH \
             else (exc.strerror or str(exc))
     return None if answer.encode() + b"\n" == token else f"something else answered: {answer!r}"
-
-
-class _BackPort(threading.Thread):
-    """A node's port for the master's connection back, at the address it connected from, and
-    in the barrier for every peer's after it (the master's comes first: the master names the
-    peers only once it connected back to every node)."""
-
-    def __init__(self, address, token, seconds):
-        super().__init__(daemon=True)
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.sock.bind((address, 0))
-            # Every peer connects at once: a short backlog would drop their SYNs, and each
-            # dropped one costs a second before the kernel sends it again.
-            self.sock.listen(socket.SOMAXCONN)
-        except OSError:
-            self.sock.close()
-            raise
-        self.address, self.port = address, self.sock.getsockname()[1]
-        self.token, self.deadline = token.encode() + b"\n", time.monotonic() + seconds
-        self.reached = threading.Event()
-
-    def run(self):
-        try:
-            while True:
-                self.sock.settimeout(max(0.05, self.deadline - time.monotonic()))
-                conn = self.sock.accept()[0]
-                try:
-                    conn.sendall(self.token)
-                except OSError:
-                    pass
-                finally:
-                    conn.close()
-                self.reached.set()
-        except OSError:
-            pass  # closed (close()) or its time is up
-        finally:
-            self.sock.close()
-
-    def close(self):
-        """Stop listening (the accept above ends): no port of the probe outlives it."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-
-
-def _offer_back(sock, token, seconds, name=None):
-    """Listen at the connection's local address and tell the master the port (and this node's
-    name, for the pairs' messages); None where the node cannot listen there (it says so, and
-    the master checks nothing back)."""
-    try:
-        back = _BackPort(sock.getsockname()[0], token, seconds)
-    except OSError:
-        back = None
-    else:
-        back.start()
-    named = f" {name}" if name and not any(c.isspace() for c in name) else ""
-    try:
-        sock.sendall(f"{BACK} {back.port if back else '-'}{named}\n".encode())
-    except OSError:
-        return None
-    return back
-
-
-def back_error(back, address, seconds, close=True):
-    """Why the master did not reach this node back, or None. With `close`, the back port
-    closes (else the peers still connect to it)."""
-    if back is None:
-        return None
-    reached = back.reached.wait(seconds)
-    if close:
-        back.close()
-        back.join(1)
-    if reached:
-        return None
-    return (f"the master could not open a connection to this node at {address} (as the job's "
-            f"peers must: gloo and NCCL listen on every node, on ports the kernel picks): a "
-            f"firewall on this node dropping them, or no way back to {address}")
 
 
 class _Lines:
@@ -424,39 +328,6 @@ def check_peers(peers, back, token, timeout):
     return [[p[0], p[1], p[2], e] for p, e in zip(targets, errors) if e]
 
 
-def _problem(host, check, expected, found, fix):
-    """One problem in the template the gate's table uses."""
-    return {"host": host, "check": check, "expected": str(expected), "found": str(found),
-            "fix": fix}
-
-
-def pair_problem(node, source, peer, address, port, error):
-    """Why `node` (at its job interface's address `source`) could not connect to `peer` at
-    address:port, the port `peer` listened on during the barrier."""
-    return _problem(
-        f"{node} -> {peer}", "peers reachable",
-        f"a TCP connection from {node} ({source}) to {peer} at {address}:{port}, a port the "
-        f"kernel picked on {peer}'s job interface, as gloo and NCCL connect every node to every "
-        f"other",
-        error,
-        f"allow TCP from {source} to {address} on any port (the job's firewall: mode members "
-        f"lets the job's nodes in; mode ports needs the ports gloo and NCCL are pinned to), "
-        f"check the route between them both ways, or name interfaces of {node} and {peer} that "
-        f"reach each other (torchherd_socket_ifname)")
-
-
-def describe(problems, most=5):
-    """Problems in one message, each as "host: check: expected ...; found ...; fix: ...",
-    the first `most` of them."""
-    said = []
-    for p in problems[:most]:
-        said.append(f"{p['host']}: {p['check']}: expected {p['expected']}; found {p['found']}; "
-                    f"fix: {p['fix']}")
-    if len(problems) > most:
-        said.append(f"and {len(problems) - most} more")
-    return " | ".join(said)
-
-
 def run_token(run_id):
     """What the listener answers for a run: names it, so that no other service passes."""
     return f"torchherd-{run_id}"
@@ -493,7 +364,7 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     back = None
     if reachable:
         result["address"] = kept.sock.getsockname()[0]
-        back = _offer_back(kept.sock, token, _held_seconds(window, timeout, expect), name)
+        back = offer_back(kept.sock, token, _held_seconds(window, timeout, expect), name)
     if listener is None and hold:
         return result, (None, kept, back)
     if kept is not None and not hold:
@@ -564,7 +435,3 @@ def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=
                            f"(and was reached back) within {window:g} s")
     return dict(result, go=go)
 
-
-def called_off(problems):
-    """What every node says where the pairs called the start off."""
-    return f"the start was called off on every node: {describe(problems)}"

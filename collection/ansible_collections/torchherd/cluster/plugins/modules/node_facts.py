@@ -27,202 +27,12 @@ description:
 extends_documentation_fragment:
   - torchherd.cluster._attributes
   - torchherd.cluster._attributes.INFO_MODULE
+  - torchherd.cluster._node_facts
 attributes:
   check_mode:
     details: It reads and reports; it writes its own cache of the torch probe
       (O(cache_seconds)), in check mode too, and makes the job's venv where O(venv) asks for
       one, not in check mode.
-options:
-  python:
-    description:
-      - Interpreter of the job; empty means the one running this module. C(~) is the node
-        user's home.
-      - With O(venv), the venv's interpreter (the plan's C(<root>/venvs/<key>/bin/python)).
-    type: path
-    default: ""
-  root:
-    description: torchherd's directory on the node (runs and code live under it).
-    type: path
-    required: true
-  port:
-    description: Port to check for being free (the master port); 0 skips the check.
-    type: int
-    default: 0
-  probe_timeout:
-    description: Seconds allowed for importing torch in the job interpreter.
-    type: float
-    default: 60
-  cache_seconds:
-    description:
-      - Reuse the last successful torch probe of this interpreter for this long; 0 probes every time.
-      - Importing torch costs seconds of CPU on every node and launch. The cached answer is used
-        only while everything it depends on is unchanged - the interpreter, the torch install
-        (its files' times), C(LD_LIBRARY_PATH), C(CUDA_VISIBLE_DEVICES), C(CUDA_DEVICE_ORDER),
-        the NVIDIA driver version and the GPUs the driver lists (model, UUID, bus) - so a
-        reinstall, a driver update or a GPU gone missing probes again. The GPUs' state (modes,
-        ECC and page counts) and the processes holding them are read on every call.
-      - Stored in C(<root>/.torch-probe.json).
-    type: int
-    default: 0
-  code_dir:
-    description:
-      - Where the job's code lives on the node (the sync's destination); with O(code_files),
-        the module hashes the code already there (see RV(code_hash)).
-    type: path
-    default: ""
-  code_files:
-    description: The files of the job's code (the controller's manifest) to hash in O(code_dir).
-    type: list
-    elements: str
-    default: []
-  code_expect:
-    description:
-      - The controller's hash of the job's code; RV(code_current) says whether the code in
-        O(code_dir) is that. Empty compares nothing.
-    type: str
-    default: ""
-  master_addr:
-    description:
-      - The master's address (or name) as the job reaches it; with it, the module chooses the
-        interface the job's traffic uses on this node (see RV(interface)). Empty skips that.
-    type: str
-    default: ""
-  interface:
-    description:
-      - The interface the user named for this node; empty lets the route to O(master_addr)
-        decide.
-    type: str
-    default: ""
-  container:
-    description:
-      - The job's container image. The runtime is found (O(container.runtime)), the image
-        looked for and pulled where O(container.pull) says so (see RV(container)), and the
-        interpreter's and torch's facts are read inside the image (O(python) is the image's -
-        C(python3) finds it on the image's C(PATH)), with the node's GPUs given to it, the host's
-        network and IPC, and the job's O(container.volumes) and O(container.options). The cached
-        answer is kept while the image's id is the same.
-      - An image that cannot be had is no failure of the module; C(error) in RV(container) says
-        why, and no interpreter is probed. In check mode nothing is pulled.
-      - Empty (the default) runs on the node itself.
-    type: dict
-    default: {}
-    suboptions:
-      image:
-        description: The image, as the runtime names it (C(nvcr.io/nvidia/pytorch:25.01-py3)).
-        type: str
-      runtime:
-        description:
-          - The runtime; C(auto) takes the first of podman, docker, apptainer and singularity on
-            C(PATH).
-          - apptainer (and singularity) run a SIF file or sandbox directory on the node
-            (O(container.image) its path), or pull an image given as a C(docker://), C(oras://)
-            or C(library://) URI into a SIF file under O(root)C(/images).
-        type: str
-        default: auto
-        choices: [auto, podman, docker, apptainer, singularity]
-      pull:
-        description:
-          - C(missing) pulls the image where the node lacks it, C(always) on every launch (a
-            moving tag), C(never) refuses a node without it.
-        type: str
-        default: missing
-        choices: [missing, always, never]
-      volumes:
-        description: The job's own volumes, in the runtime's C(--volume) syntax.
-        type: list
-        elements: str
-        default: []
-      options:
-        description: The job's own options of the runtime's C(run) (C(--shm-size=16g)).
-        type: list
-        elements: str
-        default: []
-  venv:
-    description:
-      - The job's locked venv. Before anything else, the module makes it with uv at O(venv.path)
-        from O(venv.lock), or reuses it where the same O(venv.key) made it before (see
-        RV(venv)); O(python) is then its interpreter. Empty (the default) makes none.
-      - uv is the one named, else on C(PATH), in C(~/.local/bin), C(<root>/tools/uv), or
-        C(<base_python> -m uv); without one it is installed with pip into C(<root>/tools/uv)
-        from the same index or wheelhouse. uv's cache is C(<root>/cache/uv).
-      - A venv that cannot be made is no failure of the module; C(error) in RV(venv) says why. In
-        check mode, a venv that is not there yet is not made (C(missing) in RV(venv)).
-    type: dict
-    default: {}
-    suboptions:
-      path:
-        description: The venv's directory.
-        type: path
-      key:
-        description:
-          - The plan's hash of the lock, of O(venv.system_site_packages) and of the base
-            interpreter; the venv there is reused while it is the same.
-        type: str
-      lock:
-        description:
-          - The lock's text, a requirements file whose every requirement is pinned, or uv's
-            lock (with O(venv.project)).
-        type: str
-      project:
-        description:
-          - The text of the C(pyproject.toml) beside uv's lock (C(uv.lock)); uv exports the lock
-            to pinned requirements first.
-        type: str
-      base_python:
-        description: The interpreter the venv is made from; empty means the one running this module.
-        type: path
-        default: ""
-      index_url:
-        description: The package index to install from; empty means uv's default.
-        type: str
-        default: ""
-      find_links:
-        description:
-          - Wheelhouses (directories on the node or URLs); without O(venv.index_url), no index is
-            used.
-        type: list
-        elements: str
-        default: []
-      system_site_packages:
-        description: Whether the venv sees the base interpreter's packages too.
-        type: bool
-        default: false
-      uv:
-        description: The uv to run; empty finds one.
-        type: path
-        default: ""
-  warm:
-    description:
-      - The job's launcher started ahead, where the schedule says so (its C(start.warm)); at
-        the end of this call, the job's interpreter (O(python)) starts in the background,
-        imports O(warm.module) and waits up to O(warm.deadline) seconds for the start of run
-        O(warm.run_id), which hands it the launcher's command line
-        (M(torchherd.cluster.torchrun_job)'s O(torchherd.cluster.torchrun_job#module:warm)).
-        Its imports (torch) then happen while the launch is still in preflight.
-      - It carries the run's marker (a stop of the run id ends it), and ends by itself at the
-        deadline where no start came (a launch that failed before its start).
-      - Not started in check mode, in the job's image (O(container)), where the interpreter or
-        torch could not be read, or where the run id is already on this node.
-      - Empty (the default) starts none.
-    type: dict
-    default: {}
-    suboptions:
-      run_id:
-        description: The run it waits for.
-        type: str
-      module:
-        description: The launcher's module (run with C(-m)), imported ahead.
-        type: str
-        default: torch.distributed.run
-      env:
-        description: The job's variables (not its secrets), in its environment from the start
-          (a few are read at import).
-        type: dict
-        default: {}
-      deadline:
-        description: Seconds it waits for the start.
-        type: float
-        default: 60
 """
 
 EXAMPLES = r"""
@@ -434,404 +244,92 @@ gpu_nics:
   sample: {5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d: {mlx5_0: PIX, mlx5_1: SYS}}
 """
 
-import hashlib
-import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
-import time
+import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import tree_hash
-from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
-    ensure as ensure_image,
-)
-from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
-    run_argv,
-)
-from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
-    HEALTH,
-    gpu_files,
-    read_gpus,
-    read_xids,
-    visible,
-)
+from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import read_gpus, read_xids
 from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import host_facts
-from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import (
-    distributions,
-    packages,
+from ansible_collections.torchherd.cluster.plugins.module_utils._jobenv import (
+    job_interpreter,
+    made_venv,
+    warm_launcher,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._netpath import (
     interfaces,
     select,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._nodefiles import (
+    code_on_node,
+    free_disk,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._ports import port_free
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
-    read_state,
-    run_paths,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import py_spy_path
-from ansible_collections.torchherd.cluster.plugins.module_utils._venv import VenvError, ensure
-from ansible_collections.torchherd.cluster.plugins.module_utils._warm import start_warm
+from ansible_collections.torchherd.cluster.plugins.module_utils._torchprobe import NVIDIA_PROC
 
-# The installed version of every launcher that torch does not bring, by its distribution
-# (nothing is imported); part of both programs below, which run in the job's interpreter.
-LAUNCHER_VERSIONS = (f"DISTRIBUTIONS = {distributions()!r}\nPACKAGES = {packages()!r}\n"
-                     + r"""
-
-def launcher_versions():
-    import importlib.util
-    found = {}
-    for name, distribution in DISTRIBUTIONS.items():
-        # A launcher whose package this interpreter cannot import is not installed (or cannot
-        # run): importlib.metadata, a tenth of a second to import, only where one is there.
-        try:
-            if importlib.util.find_spec(PACKAGES.get(name, distribution)) is None:
-                found[name] = None
-                continue
-            import importlib.metadata as md
-            found[name] = md.version(distribution)
-        except Exception:
-            found[name] = None
-    return found
-""")
-
-# Printed as one JSON line by the job interpreter; stays importable on Python 3.8+. With the
-# argument "nvml" (the module read the GPUs from the driver), torch counts them through NVML
-# (torch's documented PYTORCH_NVML_BASED_CUDA_CHECK) and nothing here initializes CUDA.
-TORCH_PROBE = LAUNCHER_VERSIONS + r"""
-import json, os, platform, sys
-nvml = sys.argv[1:] == ["nvml"]
-if nvml:
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-out = {"python": {"path": sys.executable, "version": platform.python_version()}}
-try:
-    import torch
-    import torch.distributed as dist
-    t = {"version": torch.__version__, "cuda": torch.version.cuda,
-         "cuda_available": bool(torch.cuda.is_available()), "gpus": [], "nccl": None,
-         "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
-         "gloo_available": bool(dist.is_available() and dist.is_gloo_available()), "error": None}
-    t["gpu_count"] = torch.cuda.device_count() if t["cuda_available"] else 0
-    for i in range(0 if nvml else t["gpu_count"]):
-        p = torch.cuda.get_device_properties(i)
-        t["gpus"].append({"index": i, "name": p.name, "memory_bytes": int(p.total_memory),
-                          "uuid": str(getattr(p, "uuid", "") or ""),
-                          "compute_cap": "%d.%d" % (p.major, p.minor)})
-    # The architectures this build has kernels for (sm_90) or PTX (compute_90): read from the
-    # build, no CUDA context.
-    t["arch_list"] = list(torch.cuda.get_arch_list()) if t["cuda_available"] else []
-    if t["nccl_available"] and t["cuda_available"]:
-        v = torch.cuda.nccl.version()
-        t["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-except Exception as exc:
-    t = {"version": None, "error": "%s: %s" % (type(exc).__name__, exc)}
-t["launchers"] = launcher_versions()
-out["torch"] = t
-print(json.dumps(out))
-"""
+ARGUMENT_SPEC = dict(
+    python=dict(type="path", default=""),
+    root=dict(type="path", required=True),
+    port=dict(type="int", default=0),
+    probe_timeout=dict(type="float", default=60),
+    cache_seconds=dict(type="int", default=0),
+    code_dir=dict(type="path", default=""),
+    code_files=dict(type="list", elements="str", default=[]),
+    code_expect=dict(type="str", default=""),
+    master_addr=dict(type="str", default=""),
+    interface=dict(type="str", default=""),
+    container=dict(type="dict", default={}, options=dict(
+        image=dict(type="str"),
+        runtime=dict(type="str", default="auto",
+                     choices=["auto", "podman", "docker", "apptainer", "singularity"]),
+        pull=dict(type="str", default="missing", choices=["missing", "always", "never"]),
+        volumes=dict(type="list", elements="str", default=[]),
+        options=dict(type="list", elements="str", default=[]),
+    )),
+    venv=dict(type="dict", default={}, options=dict(
+        path=dict(type="path"),
+        key=dict(type="str", no_log=False),
+        lock=dict(type="str"),
+        project=dict(type="str"),
+        base_python=dict(type="path", default=""),
+        index_url=dict(type="str", default="", no_log=True),
+        find_links=dict(type="list", elements="str", default=[]),
+        system_site_packages=dict(type="bool", default=False),
+        uv=dict(type="path", default=""),
+    )),
+    warm=dict(type="dict", default={}, options=dict(
+        run_id=dict(type="str"),
+        module=dict(type="str", default="torch.distributed.run"),
+        env=dict(type="dict", default={}),
+        deadline=dict(type="float", default=60),
+    )),
+)
 
 
-# What the answer of TORCH_PROBE depends on, read without importing torch (~20 ms): describe()
-# runs in the job's interpreter, in this process where that is the module's own interpreter.
-FINGERPRINT = LAUNCHER_VERSIONS + r"""
-import importlib.util, json, os, sys
-
-
-def describe():
-    spec = importlib.util.find_spec("torch")
-    files = []
-    if spec and spec.origin:
-        top = os.path.dirname(spec.origin)
-        for name in ("__init__.py", "version.py", os.path.join("lib", "libtorch_python.so")):
-            try:
-                st = os.stat(os.path.join(top, name))
-                files.append([name, st.st_mtime_ns, st.st_size, st.st_ino])
-            except OSError:
-                files.append([name, None, None, None])
-    return [os.path.realpath(sys.executable), sys.version, spec.origin if spec else None,
-            files, list(launcher_versions().values())]
-"""
-
-
-# The NVIDIA driver's files: its version and one directory per GPU (read without a CUDA context).
-NVIDIA_PROC = "/proc/driver/nvidia"
-# probe reads the driver itself unless given its answer (None: there is no driver).
-_UNREAD = object()
-# A GPU's state that is read on every call, a cached probe or not.
-LIVE = ("persistence_mode", "compute_mode") + tuple(key for key, _field in HEALTH)
-# What changes the GPUs or the libraries the job's torch finds.
-FINGERPRINT_ENV = ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME",
-                   "NCCL_HOME")
-
-
-def _read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def fingerprint(python, timeout, driver=None, container=None):
-    """Everything the torch probe's answer depends on, or None when it cannot be told;
-    `driver`: read_gpus's answer, whose driver version and GPUs count too (nvidia-smi may see
-    GPUs where the driver's /proc files are not mounted, as in some containers); `container`:
-    the job's image (_container.ensure's answer), whose id stands for its interpreter."""
-    # The same path as this module's interpreter (not merely the same file: a venv's python is
-    # a link to the system's, with other packages) needs no interpreter of its own.
-    if container:
-        interp = {"image": container["id"], "runtime": container["path"], "python": python}
-        if container.get("stamp"):  # a SIF file's id is its path: its size and time too
-            interp["stamp"] = container["stamp"]
-    elif python == sys.executable:
-        scope = {}
-        exec(compile(FINGERPRINT, "<fingerprint>", "exec"), scope)
-        interp = json.loads(json.dumps(scope["describe"]()))
-    else:
-        try:
-            proc = subprocess.run([python, "-c", FINGERPRINT + "\nprint(json.dumps(describe()))"],
-                                  capture_output=True, text=True, timeout=timeout, check=False)
-            interp = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-            return None
-    gpus = sorted([bus, text] for bus, text in (gpu_files(NVIDIA_PROC) or {}).items())
-    devs = sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
-    key = {"probe": hashlib.sha256(TORCH_PROBE.encode()).hexdigest(), "interpreter": interp,
-           "env": [os.environ.get(k) for k in FINGERPRINT_ENV],
-           "driver": _read(os.path.join(NVIDIA_PROC, "version")), "gpus": gpus, "devices": devs}
-    if isinstance(driver, dict):
-        key["read"] = [driver.get("driver"),
-                       sorted(str(gpu.get("uuid")) for gpu in driver.get("gpus") or [])]
-    # As the cache keeps it (JSON: lists, never tuples), so that an unchanged node compares
-    # equal: with a GPU's tuple in it the cache never hit on a machine with an NVIDIA driver.
-    return json.loads(json.dumps(key))
-
-
-def cached_probe(python, timeout, root, max_age, driver=_UNREAD, container=None, prefix=()):
-    """probe, reusing the last good answer while its fingerprint is unchanged; `driver` is
-    read_gpus's answer where the caller has it; `container` the job's image and `prefix` the
-    command line that runs the interpreter in it."""
-    key = fingerprint(python, timeout, driver, container) if max_age > 0 else None
-    if key is None:
-        py, torch = probe(python, timeout, driver, prefix)
-        return py, dict(torch, cached=False)
-    # One file per root; a root on a shared file system holds one entry per node.
-    name = f"{socket.gethostname()} {python}"
-    if container:
-        name += f" in {container['image']}"
-    path = os.path.join(root, ".torch-probe.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            entry = json.load(handle)[name]
-        if entry["key"] == key and 0 <= time.time() - entry["at"] <= max_age:
-            return entry["python"], dict(entry["torch"], cached=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    py, torch = probe(python, timeout, driver, prefix)
-    if torch.get("version") and not torch.get("error"):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                entries = json.load(handle)
-            if not isinstance(entries, dict):
-                entries = {}
-        except (OSError, ValueError):
-            entries = {}
-        entries[name] = {"key": key, "at": time.time(), "python": py, "torch": torch}
-        try:
-            os.makedirs(root, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(entries, handle)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only root only costs the next launch another probe
-    return py, dict(torch, cached=False)
-
-
-def probe(python, timeout, driver=_UNREAD, prefix=()):
-    """The job interpreter's torch (probe_torch) with the GPUs the driver lists (see _gpus):
-    torch's CUDA lists them only where neither nvidia-smi nor the driver's files are there, or
-    where CUDA_VISIBLE_DEVICES names them in a way that only CUDA can resolve."""
-    driver = read_gpus(NVIDIA_PROC) if driver is _UNREAD else driver
-    shown = None if driver is None else visible(
-        driver["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"),
-        os.environ.get("CUDA_DEVICE_ORDER"))
-    py, torch = probe_torch(python, timeout, nvml=shown is not None, prefix=prefix)
-    if torch.get("version"):
-        torch["driver"] = driver["driver"] if driver else None
-        torch["gpus_from"] = "torch" if shown is None else driver["source"]
-        if shown is not None:
-            # torch's own count (NVML's, CUDA_VISIBLE_DEVICES applied) says how many the job
-            # gets; a CPU build of torch gets none.
-            torch["gpus"] = shown if torch.get("cuda_available") else []
-    return py, torch
-
-
-def refresh(torch, driver):
-    """The GPUs' state as the driver tells it now, over a cached probe's: modes and errors can
-    change between launches, the GPUs themselves cannot (the probe's fingerprint has them)."""
-    now = {gpu["uuid"]: gpu for gpu in (driver or {}).get("gpus") or []}
-    for gpu in torch.get("gpus") or []:
-        live = now.get(gpu.get("uuid"))
-        if live:
-            gpu.update((key, live[key]) for key in LIVE if key in live)
-    return torch
-
-
-def probe_torch(python, timeout, nvml=False, prefix=()):
-    """The interpreter's and its torch's facts; `prefix`: the command line that runs the
-    interpreter (in the job's image), if any."""
-    try:
-        proc = subprocess.run(list(prefix) + [python, "-c", TORCH_PROBE]
-                              + (["nvml"] if nvml else []),
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        err = f"interpreter {python} not found"
-        return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
-    except subprocess.TimeoutExpired:
-        err = f"importing torch in {python} took more than {timeout:g} s" + (
-            " (in the image, runtime start included)" if prefix else "")
-        return {"path": python, "version": None, "error": None}, {"version": None, "error": err}
-    try:
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        err = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
-    out["python"].update(executable=python, error=None)
-    return out["python"], out["torch"]
-
-
-def port_free(port):
-    """Bind like a server would (SO_REUSEADDR, so TIME_WAIT leftovers don't count as in use)."""
-    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((addr, port))
-        except OSError:
-            return False
-        finally:
-            sock.close()
-    return True
-
-
-def free_disk(path):
-    while path and not os.path.exists(path):
-        path = os.path.dirname(path)
-    stat = os.statvfs(path or "/")
-    return stat.f_bavail * stat.f_frsize
-
-
-def made_venv(spec, root, dry=False):
-    """The job's venv made or reused (see _venv.ensure); its error, not a failure, otherwise."""
-    try:
-        return ensure(spec["path"], spec["lock"] or "", spec["key"],
-                      spec["base_python"] or sys.executable, root,
-                      index_url=spec["index_url"], find_links=spec["find_links"],
-                      system_site_packages=spec["system_site_packages"], uv=spec["uv"], dry=dry,
-                      project=spec["project"])
-    except (VenvError, OSError, subprocess.TimeoutExpired) as exc:
-        return {"path": spec["path"], "key": spec["key"], "made": False, "error": str(exc)}
-
-
-def warm_launcher(p, python, py, torch, container, check_mode):
-    """The job's launcher started ahead (_warm), or why not."""
-    w = p["warm"]
-    why = ("check mode" if check_mode else "the job runs in its image" if container else
-           "the interpreter or torch could not be read" if py.get("error") or torch.get("error")
-           or not torch.get("version") else None)
-    paths = run_paths(p["root"], w["run_id"])
-    if why is None and read_state(paths)["state"] != "absent":
-        why = f"run {w['run_id']} is already on this node"
-    if why:
-        return {"started": False, "error": why}
-    return start_warm(python, w["module"], paths["dir"], os.path.abspath(p["root"]), w["env"],
-                      w["deadline"])
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            python=dict(type="path", default=""),
-            root=dict(type="path", required=True),
-            port=dict(type="int", default=0),
-            probe_timeout=dict(type="float", default=60),
-            cache_seconds=dict(type="int", default=0),
-            code_dir=dict(type="path", default=""),
-            code_files=dict(type="list", elements="str", default=[]),
-            code_expect=dict(type="str", default=""),
-            master_addr=dict(type="str", default=""),
-            interface=dict(type="str", default=""),
-            container=dict(type="dict", default={}, options=dict(
-                image=dict(type="str"),
-                runtime=dict(type="str", default="auto",
-                             choices=["auto", "podman", "docker", "apptainer", "singularity"]),
-                pull=dict(type="str", default="missing", choices=["missing", "always", "never"]),
-                volumes=dict(type="list", elements="str", default=[]),
-                options=dict(type="list", elements="str", default=[]),
-            )),
-            venv=dict(type="dict", default={}, options=dict(
-                path=dict(type="path"),
-                key=dict(type="str", no_log=False),
-                lock=dict(type="str"),
-                project=dict(type="str"),
-                base_python=dict(type="path", default=""),
-                index_url=dict(type="str", default="", no_log=True),
-                find_links=dict(type="list", elements="str", default=[]),
-                system_site_packages=dict(type="bool", default=False),
-                uv=dict(type="path", default=""),
-            )),
-            warm=dict(type="dict", default={}, options=dict(
-                run_id=dict(type="str"),
-                module=dict(type="str", default="torch.distributed.run"),
-                env=dict(type="dict", default={}),
-                deadline=dict(type="float", default=60),
-            )),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
+def gather(p, check_mode):
+    """Every fact of the node, in the order they must be read: the venv before the interpreter
+    in it, the running jobs before the warm launcher joins them."""
     python = p["python"] or sys.executable
     root = os.path.abspath(p["root"])
-    venv = made_venv(p["venv"], root, module.check_mode) if (p["venv"] or {}).get("key") else None
+    venv = made_venv(p["venv"], root, check_mode) if (p["venv"] or {}).get("key") else None
     # Once per call, cached probe or not: who holds the GPUs and their health change any time.
     driver = read_gpus(NVIDIA_PROC)
-    spec = p["container"] or {}
-    # apptainer pulls an image given as a URI into a SIF file there.
-    spec = dict(spec, cache_dir=os.path.join(root, "images"))
-    container = ensure_image(spec, module.check_mode) if spec.get("image") else None
-    if container and container["error"]:
-        # The gate's container check says why; nothing runs in an image that is not there.
-        py = {"path": python, "version": None, "error": None}
-        torch = {"version": None, "error": None, "cached": False}
-    else:
-        prefix = run_argv(container, gpus=bool((driver or {}).get("gpus")),
-                          volumes=spec["volumes"], options=spec["options"]) if container else ()
-        py, torch = cached_probe(python, p["probe_timeout"], root, p["cache_seconds"], driver,
-                                 container, prefix)
-    refresh(torch, driver)
+    container, py, torch = job_interpreter(python, root, p["container"], p["probe_timeout"],
+                                           p["cache_seconds"], driver, check_mode)
     ifaces = interfaces()
-    code_hash = None
-    code_dir = os.path.abspath(p["code_dir"]) if p["code_dir"] else ""
-    if code_dir and p["code_files"] and os.path.isdir(code_dir):
-        digest, missing = tree_hash(code_dir, p["code_files"])
-        code_hash = None if missing else digest
+    code_hash = code_on_node(p["code_dir"], p["code_files"])
     running_jobs = all_runs_with_processes()
     warm = None
     if (p["warm"] or {}).get("run_id"):
-        warm = warm_launcher(p, python, py, torch, container, module.check_mode)
-    module.exit_json(
-        changed=False,
+        warm = warm_launcher(p["warm"], p["root"], python, py, torch, container, check_mode)
+    return dict(
         hostname=socket.gethostname(),
         euid=os.geteuid(),
         root=root,
@@ -854,6 +352,15 @@ def main():
         xid=read_xids() if driver else None,
         **host_facts((driver or {}).get("gpus"))
     )
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        facts = gather(module.params, module.check_mode)
+    except OSError as exc:
+        module.fail_json(msg=f"reading the node's facts: {exc}", exception=traceback.format_exc())
+    module.exit_json(changed=False, **facts)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+# Copyright: torchherd developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""The torchrun_job module's state=waiting: wait for the job's end on this node (or on every
+node of the master's gang), the timeout, or a change in the node's activity (the hang watch);
+once the job has ended here, remove the run's firewall rules in the same call."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
+    Runner,
+    close_rules,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.report import report
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    last_activity,
+    read_state,
+    sleep_until_gone,
+    supervisor_alive,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
+
+
+def wait(module, p, paths, timeout):
+    """Wait until the job ends here (with p.gang: on every node of the master's gang), the
+    timeout passes or, with p.hang, the node's activity changes; the result's fields."""
+    deadline = time.monotonic() + timeout
+    hang = p["hang"]
+    formed = None
+    while True:
+        left = deadline - time.monotonic()
+        state = read_state(paths)["state"]
+        if left <= 0 or state != "running":
+            break
+        if hang and _quiet_changed(paths, hang):
+            break
+        if p["gang"]:
+            # The master alone speaks for every node only where every node joined its gang;
+            # else the wait returns at once (gang_complete false), for a watch of every node.
+            formed = _gang(paths)
+            if formed is None:
+                sleep_until_gone(paths, min(left, 0.5))
+                continue
+            if formed.get("joined", 0) < formed.get("expected", 1):
+                break
+        # Watching for a hang looks at the node's output every second (a stat or two).
+        sleep_until_gone(paths, min(left, 1.0 if hang else 30.0))
+    extra = {}
+    if p["gang"]:
+        formed = formed or _gang(paths)
+        extra["gang_complete"] = bool(formed) and formed.get("joined", 0) >= formed.get("expected", 1)
+        if formed and not extra["gang_complete"]:
+            extra["gang_formed"] = formed
+    # The gang's end: on the master, its supervisor stays until every node's launcher ended.
+    while p["gang"] and extra["gang_complete"] and state != "running" and supervisor_alive(paths):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sleep_until_gone(paths, min(left, 30.0), which="supervisor")
+    if p["gang"]:
+        extra["gang_ended"] = (extra["gang_complete"] and state != "running"
+                               and not supervisor_alive(paths))
+        # The nodes the master's gang lost (their links closed without an exit): the launch
+        # does not try them again.
+        extra["gang_lost"] = ((_gang(paths) or {}).get("lost") or []
+                              if extra["gang_ended"] else [])
+        if not extra["gang_ended"]:
+            state = "running"  # for the rules below: the job is not over everywhere yet
+    if hang:
+        last = last_activity(paths)
+        extra["activity"] = {"last": last, "quiet": last is not None
+                             and time.time() - last >= hang["timeout"],
+                             "hung": os.path.exists(paths["hung"])}
+    # Once the job has ended here, its rules go in this same call (no teardown round trip).
+    if p["firewall"] is not None and state != "running" and not module.check_mode:
+        closed = close_firewall(module, p, paths)
+        return report(paths, changed=closed["changed"], firewall=closed, **extra)
+    return report(paths, **extra)
+
+
+def _quiet_changed(paths, hang):
+    """Whether the wait must return for the hang watch: the node went quiet (no output for
+    hang.timeout s) while the controller thinks it active, or made progress since the quiet
+    spell the controller knows of (hang.quiet_since), or the job was declared hung."""
+    if os.path.exists(paths["hung"]):
+        return True
+    last = last_activity(paths)
+    if last is None:
+        return False
+    if hang["quiet_since"]:
+        return last > hang["quiet_since"]
+    return time.time() - last >= hang["timeout"]
+
+
+def _gang(paths):
+    """The master's gang as its record has it, or None before it formed."""
+    formed = read_record(paths)["gang"]
+    return formed if "expected" in formed else None
+
+
+def close_firewall(module, p, paths):
+    """The run's rules removed here: by the supervisor already (the record says so), else now.
+    What was removed, or the error, since a rule that could not be removed must not hide the
+    job's own state."""
+    fw = read_record(paths)["firewall"]
+    if fw.get("closed_by") and not fw.get("error"):
+        return {"changed": False, "closed_by": fw["closed_by"]}
+    closed = close_rules(Runner(module), p["run_id"], p["firewall"])
+    record(paths, "firewall", closed_by="wait", changed=bool(closed.get("changed")),
+           error=closed.get("error"))
+    if "error" in closed:
+        module.warn(f"the rules of run {p['run_id']} could not be removed here: {closed['error']}")
+    return closed
