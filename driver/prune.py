@@ -1,7 +1,7 @@
 """Which past runs ``torchherd runs --prune`` removes, and what removing them came to.
 
 Pure parts (the keep policy, durations, the per-run decision from the nodes' answers) live
-here and are unit-tested; driver.api.prune does the I/O: the prune playbook on the nodes, the
+here and are unit-tested; driver.pruner.prune does the I/O: the prune playbook on the nodes, the
 run directories on the controller.
 """
 

@@ -442,7 +442,8 @@ def run_info(run_dir: Path) -> RunInfo | None:
         return None
     summary = read_json(run_dir / "summary.json")
     gate = (read_json(run_dir / "preflight.json") or {}).get("gate") or {}
-    # A cancelled launch's own verdict (api: the driver's note) where the summary has none.
+    # A cancelled launch's own verdict (the driver's note, driver.outcomes) where the summary
+    # has none.
     note = read_json(run_dir / DRIVER_FILE) or {}
     cancelled = note.get("cancelled") or {}
     # A verify writes no summary, nor does a launch that ended before it: their verdicts are

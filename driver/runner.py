@@ -216,7 +216,7 @@ def run_playbook(
             # A list of sources goes to ansible-playbook's -i as given: an inline host list
             # (node1,node2,) is then read by Ansible's own host_list plugin. A plain string
             # would be written to a file and read as INI: one host named "node1,node2,".
-            inventory=[str(inventory)],  # driver.api.inventory_source made a path absolute
+            inventory=[str(inventory)],  # driver.inputs.inventory_source made a path absolute
             envvars=env,
             cmdline=shlex.join(_cmdline(all_at_once(name, extravars))),
             quiet=True,

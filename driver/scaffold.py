@@ -15,7 +15,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
 
-from driver.cli import _MARKUP
+from driver.arguments import _MARKUP
 from driver.result import UsageError
 from driver.spec import job_options
 

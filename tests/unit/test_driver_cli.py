@@ -11,14 +11,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from driver import cli
+from driver import arguments, cli, ui
 from driver.result import Exit, RunResult
 
 SCHEMA = json.loads((Path(cli.__file__).parent / "schema.json").read_text())
 
 
 def job(*argv):
-    return cli.job_from(cli.build_parser().parse_args(["launch", "-i", "inv", *argv]))
+    return arguments.job_from(arguments.build_parser().parse_args(["launch", "-i", "inv", *argv]))
 
 
 def test_flags_and_script_after_double_dash():
@@ -121,16 +121,16 @@ def test_a_typod_action_gets_the_closest_one(capsys):
     assert cli.main(["verfy", "-i", "inv"]) == Exit.USAGE
     assert "invalid choice: 'verfy'" in capsys.readouterr().err
     with pytest.raises(cli.UsageError, match="did you mean verify?"):
-        cli.build_parser().parse_args(["verfy"])
+        arguments.build_parser().parse_args(["verfy"])
 
 
 def test_no_suggestion_for_a_flag_like_none():
-    assert cli.build_parser().commands["launch"].hint(["--zzzzzz"]) == ""
+    assert arguments.build_parser().commands["launch"].hint(["--zzzzzz"]) == ""
 
 
 def test_keys_not_given_are_left_out_for_the_inventory_and_the_defaults():
     # The inventory's job and the defaults fill them in later (driver.api), under these.
-    assert cli.job_from(cli.build_parser().parse_args(["verify", "-i", "inv"])) == {}
+    assert arguments.job_from(arguments.build_parser().parse_args(["verify", "-i", "inv"])) == {}
     assert job("--nproc-per-node", "2", "--", "t.py") == {"nproc_per_node": 2, "script": "t.py",
                                                          "args": []}
 
@@ -208,7 +208,7 @@ def test_json_after_double_dash_is_the_scripts(capsys):
 def test_runs_dir_from_the_environment(tmp_path, monkeypatch, capsys):
     runs_dir = (tmp_path / "elsewhere").resolve()
     write_run(runs_dir, "r1", ["n0"])
-    monkeypatch.setenv(cli.RUNS_DIR_ENV, str(runs_dir))
+    monkeypatch.setenv(arguments.RUNS_DIR_ENV, str(runs_dir))
     monkeypatch.chdir(tmp_path)
     assert cli.main(["runs", "--json"]) == Exit.OK
     assert [r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["r1"]
@@ -231,7 +231,7 @@ def test_tables_not_folded_when_piped(tmp_path, capsys, monkeypatch):
     result = RunResult(run_id, tmp_path / run_id, "status", "running", Exit.OK, "running",
                        hosts={nodes[0]: {"node_rank": 0, "state": "running", "exit_code": None,
                                          "log": None, "artifacts": []}})
-    cli.Ui().report(result, as_json=False)
+    ui.Ui().report(result, as_json=False)
     err = capsys.readouterr().err
     assert any(nodes[0] in line and "running" in line for line in err.splitlines())
     assert f"run {run_id} running: running" in err
@@ -262,6 +262,6 @@ def test_run_ids_complete_from_the_runs_dir(tmp_path):
     out = tmp_path / "completions"
     line = "torchherd status 20261123"
     env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
-           "_ARGCOMPLETE_STDOUT_FILENAME": str(out), cli.RUNS_DIR_ENV: str(tmp_path)}
+           "_ARGCOMPLETE_STDOUT_FILENAME": str(out), arguments.RUNS_DIR_ENV: str(tmp_path)}
     subprocess.run([sys.executable, "-m", "driver"], env=env, check=True, timeout=60)
     assert out.read_text().split("\013") == ["20261123-aaa "]

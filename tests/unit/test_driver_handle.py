@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.api import RunHandle, _block
+from driver.handle import RunHandle, block
 from driver.result import Exit, RunResult
 
 
@@ -57,6 +57,6 @@ def test_ctrl_c_in_a_blocking_call_cancels_settles_and_reraises():
         if event["n"] == 3:
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        _block(handle, on_event)
+        block(handle, on_event)
     # By the time the KeyboardInterrupt arrives, the run has settled.
     assert handle.done() and handle.wait().exit_code == Exit.CANCELLED

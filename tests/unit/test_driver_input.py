@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from driver import cli
-from driver.api import inventory_source
+from driver import arguments, cli
+from driver.inputs import inventory_source
 from driver.result import Exit, UsageError
 
 
@@ -44,7 +44,7 @@ def test_a_missing_inventory_is_named_before_anything_runs(tmp_path, monkeypatch
 
 
 def test_ansible_cores_wrapper_is_stripped_from_the_plans_message():
-    from driver.api import _first_message
+    from driver.outcomes import first_message
     from driver.runner import Outcome
 
     own = "torchherd plan: the job cannot start:\n  - job.nproc_per_node: expected a positive"
@@ -53,10 +53,10 @@ def test_ansible_cores_wrapper_is_stripped_from_the_plans_message():
                "'torchherd.cluster.plan' failed: " + own)
     failure = {"event": "runner_on_failed",
                "event_data": {"host": "localhost", "res": {"msg": wrapped}}}
-    assert _first_message(Outcome(status="failed", rc=2, failures=[failure])) == own
+    assert first_message(Outcome(status="failed", rc=2, failures=[failure])) == own
     node = {"event": "runner_on_failed",
             "event_data": {"host": "n1", "res": {"msg": "Task failed."}}}
-    assert _first_message(Outcome(status="failed", rc=2, failures=[node])) == "n1: Task failed."
+    assert first_message(Outcome(status="failed", rc=2, failures=[node])) == "n1: Task failed."
 
 
 LOCAL = str(Path(__file__).resolve().parents[2] / "inventories" / "local.ini")
@@ -89,17 +89,17 @@ def test_the_cli_maps_a_missing_code_directory_to_the_usage_exit(tmp_path, monke
 def test_what_the_plan_refuses_is_raised_not_returned(tmp_path):
     """A run the plan refused (no plan.json) is bad input: wait() raises it, as the driver's own
     checks do; a planned run's failure is a result."""
-    from driver.api import _result
+    from driver.outcomes import result_of
     from driver.runner import Outcome
 
     refusal = {"event": "runner_on_failed", "event_data": {"host": "localhost", "res": {
         "msg": "torchherd plan: the job cannot start:\n  - node_group: expected gpus"}}}
     outcome = Outcome(status="failed", rc=2, failures=[refusal])
     with pytest.raises(UsageError, match="node_group: expected gpus"):
-        _result(tmp_path / "run", "launch", outcome)
+        result_of(tmp_path / "run", "launch", outcome)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "plan.json").write_text("{}")
-    result = _result(tmp_path / "run", "launch", outcome)
+    result = result_of(tmp_path / "run", "launch", outcome)
     assert result.exit_code == Exit.ERROR and "node_group: expected gpus" in result.reason
 
 
@@ -118,7 +118,7 @@ def _inventory_with_a_job(tmp_path: Path) -> Path:
 
 
 def test_the_inventorys_job_is_read_as_ansible_reads_it(tmp_path):
-    from driver.api import inventory_job
+    from driver.inputs import inventory_job
 
     inventory = _inventory_with_a_job(tmp_path)
     host, job = inventory_job(str(inventory))
@@ -128,14 +128,14 @@ def test_the_inventorys_job_is_read_as_ansible_reads_it(tmp_path):
 
 
 def test_flags_over_the_job_file_over_the_inventory_over_the_defaults(tmp_path, monkeypatch):
-    from driver.api import _prepare
+    from driver.inputs import prepare_job
 
     monkeypatch.chdir(tmp_path)
     inventory = str(_inventory_with_a_job(tmp_path))
     (tmp_path / "job.yml").write_text("master_port: 29700\ntimeout: 60\n")
-    args = cli.build_parser().parse_args(["verify", "-i", inventory, "-j", "job.yml",
+    args = arguments.build_parser().parse_args(["verify", "-i", inventory, "-j", "job.yml",
                                           "--master-port", "29800", "-e", "B=3"])
-    job = _prepare(cli.job_from(args), None, inventory, "verify")
+    job = prepare_job(arguments.job_from(args), None, inventory, "verify")
     assert job["master_port"] == 29800 and job["timeout"] == 60  # flag, file
     assert job["script"] == "train.py" and job["nproc_per_node"] == 4  # inventory
     assert job["env"] == {"A": "1", "B": "3"}  # -e adds to the inventory's env
@@ -143,23 +143,23 @@ def test_flags_over_the_job_file_over_the_inventory_over_the_defaults(tmp_path, 
 
 
 def test_a_bad_value_in_the_inventorys_job_names_the_inventory_and_host(tmp_path):
-    from driver.api import _prepare
+    from driver.inputs import prepare_job
 
     inventory = _inventory_with_a_job(tmp_path)
     (inventory.parent / "group_vars" / "torchherd_nodes.yml").write_text(
         "torchherd_job: {script: t.py, nproc_per_nod: 2}\n")
     with pytest.raises(UsageError, match=f"inventory {inventory}: torchherd_job of host n0: "
                                          f"Validation of arguments failed"):
-        _prepare({}, str(tmp_path / "runs"), str(inventory), "verify")
+        prepare_job({}, str(tmp_path / "runs"), str(inventory), "verify")
 
 
 def test_launch_needs_a_script_verify_does_not(tmp_path, monkeypatch):
-    from driver.api import _prepare
+    from driver.inputs import prepare_job
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match="job key 'script': required"):
-        _prepare({}, None, "192.0.2.7,", "launch")
-    assert _prepare({}, None, "192.0.2.7,", "verify")["script"] == ""
+        prepare_job({}, None, "192.0.2.7,", "launch")
+    assert prepare_job({}, None, "192.0.2.7,", "verify")["script"] == ""
     assert cli.main(["launch", "-i", "192.0.2.7,"]) == Exit.USAGE
 
 
@@ -176,7 +176,7 @@ def test_a_vaulted_inventory_job_is_read_with_the_callers_vault_password(tmp_pat
                    check=True, capture_output=True)
     assert "$ANSIBLE_VAULT" in vaulted.read_text()
     # A process of its own: Ansible reads its configuration (here the environment) once.
-    read = ("import sys; from driver.api import inventory_job; "
+    read = ("import sys; from driver.inputs import inventory_job; "
             "print(inventory_job(sys.argv[1])[1]['nproc_per_node'])")
     root = Path(__file__).resolve().parents[2]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
@@ -194,7 +194,7 @@ def test_an_inventory_plugins_configuration_is_left_to_ansible_playbook(tmp_path
     """The SLURM allocation's inventory (torchherd.cluster.slurm): the driver does not load a
     collection's inventory plugin, so it takes no job from it and says nothing; with unparsed
     sources made fatal (the sbatch script does so) it must not refuse the launch either."""
-    from driver.api import inventory_job
+    from driver.inputs import inventory_job
 
     source = tmp_path / "cluster.slurm.yml"
     source.write_text("plugin: torchherd.cluster.slurm\n")
@@ -212,7 +212,7 @@ def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(t
 
     from ansible import constants
 
-    from driver.api import _may_hold_a_job
+    from driver.inputs import _may_hold_a_job
 
     # Ansible's defaults, whatever this machine's configuration holds (a vars plugin in
     # ~/.ansible/plugins/vars would read every inventory, rightly).
@@ -245,7 +245,7 @@ def test_an_inventory_that_names_no_job_is_not_read_through_ansibles_inventory(t
 
     plain = tmp_path / "plain.ini"
     plain.write_text("[torchherd_nodes]\nn0 ansible_host=192.0.2.1\n")
-    read = ("import sys; from driver.api import inventory_job, _may_hold_a_job; "
+    read = ("import sys; from driver.inputs import inventory_job, _may_hold_a_job; "
             "print(inventory_job(sys.argv[1]), _may_hold_a_job(sys.argv[1]), "
             "'ansible.inventory.manager' in sys.modules)")
     root = Path(__file__).resolve().parents[2]

@@ -10,6 +10,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from ansible_collections.torchherd.cluster.plugins.modules.prune_runs import (
+    size_of as node_size_of,
+)
 from driver import api
 from driver.cli import main
 from driver.prune import (
@@ -19,6 +22,7 @@ from driver.prune import (
     nodes_hold,
     parse_duration,
     select,
+    size_of,
     verdict,
 )
 from driver.result import Exit, RunInfo, UsageError
@@ -152,3 +156,21 @@ def test_prune_flags_without_prune_are_a_usage_error(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
     assert "--keep" in doc["reason"]
+
+
+def test_the_controller_counts_a_run_directory_as_the_nodes_do(tmp_path):
+    """The driver imports nothing of the collection, so driver.prune.size_of is a copy of the
+    prune_runs module's: the two must give the same (bytes, files) for the same tree."""
+    top = tmp_path / "run"
+    (top / "nodes" / "n0").mkdir(parents=True)
+    (top / "empty").mkdir()
+    (top / "plan.json").write_text("{}")
+    (top / "nodes" / "n0" / "node.log").write_bytes(b"x" * 5000)
+    # Links count as themselves: never followed, a directory's never walked into.
+    (top / "to-log").symlink_to(top / "nodes" / "n0" / "node.log")
+    (top / "dangling").symlink_to(tmp_path / "nowhere")
+    (top / "to-dir").symlink_to(top / "nodes")
+    for tree in (top, top / "empty", tmp_path / "missing"):
+        assert size_of(tree) == node_size_of(str(tree)), tree
+    total, files = size_of(top)
+    assert files == 4 and 5002 < total < 5002 + 2 * len(str(tmp_path)) + 100

@@ -1,0 +1,217 @@
+"""What the torchherd command shows: on stderr a run's progress (a live table on a terminal,
+plain lines otherwise), its verdict and messages; on stdout data only (tables, or one JSON
+document)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from driver.handle import RunHandle
+from driver.logs import parse_line
+from driver.progress import Progress, facts_cells
+from driver.prune import PruneReport
+from driver.result import Exit, RunInfo, RunResult
+
+
+def console(stderr: bool = False) -> Console:
+    shown = Console(stderr=stderr, highlight=False)
+    if not shown.is_terminal:
+        # Rich folds tables to 80 columns when no terminal tells it the width; piped output
+        # (a file, grep) must keep a run id or a host name on one line.
+        shown.width = sys.maxsize
+    return shown
+
+
+def print_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+class Ui:
+    """stderr: a live table on a terminal, plain lines otherwise; stdout: data only."""
+
+    def __init__(self, verbose: int = 0) -> None:
+        self.err = console(stderr=True)
+        self.verbose = verbose
+
+    @property
+    def live(self) -> bool:
+        """Whether a run's progress is a live table (else plain lines, or Ansible's own)."""
+        return self.err.is_terminal and not self.verbose
+
+    def say(self, text: str, style: str = "") -> None:
+        self.err.print(f"[{style}]{escape(text)}[/]" if style else escape(text), soft_wrap=True)
+
+    def drive(self, start: Callable[[], RunHandle], *, cancel_note: str) -> RunResult:
+        """Start a run and show its progress until it ends. SIGINT and SIGTERM (also one that
+        comes while it starts) cancel it once; later ones only say that it is being settled,
+        so that it is never left half-way."""
+        handle: RunHandle | None = None
+        wanted = False
+
+        def on_signal(_signum: int, _frame: Any) -> None:
+            nonlocal wanted
+            if wanted:
+                self.say("torchherd: already cancelling; waiting for it to finish", "yellow")
+                return
+            wanted = True
+            self.say(f"torchherd: cancelling ({cancel_note})", "yellow")
+            if handle is not None:
+                handle.cancel()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        live = None
+        try:
+            handle = start()
+            if wanted:
+                handle.cancel()
+            self.say(f"torchherd: {handle.action} {handle.run_id} (on Ctrl-C {cancel_note})")
+            progress = Progress(f"torchherd {handle.action} {handle.run_id}")
+            if self.live:
+                # Refreshed twice a second between events too: the elapsed times move on.
+                live = Live(console=self.err, get_renderable=progress.table,
+                            refresh_per_second=2, transient=True)
+                live.start()
+            for event in handle.events():
+                lines = progress.update(event)
+                if self.verbose:  # Ansible's own words instead (secret values masked)
+                    lines = [event["stdout"]] if event.get("stdout") else []
+                if live:
+                    live.refresh()
+                else:
+                    for line in lines:
+                        self.say(line)
+            return handle.wait()
+        finally:
+            if live:
+                live.stop()
+            for sig, previous_handler in previous.items():
+                signal.signal(sig, previous_handler)
+
+    def report(self, result: RunResult, as_json: bool) -> int:
+        if result.hosts:
+            self.err.print(_facts_table(result) if result.action == "verify" else _table(result))
+        for problem in result.problems:
+            self.say(f"  {problem['host']}: {problem['check']}: expected {problem['expected']}, "
+                     f"found {problem['found']}; fix: {problem.get('fix', '')}", "red")
+        for warning in result.warnings:
+            self.say(f"  warning {warning['host']}: {warning['check']}: expected "
+                     f"{warning['expected']}, found {warning['found']}; fix: "
+                     f"{warning.get('fix', '')}", "yellow")
+        for host, why in result.left_out.items():
+            self.say(f"  left out {host}: {why}", "yellow")
+        for inc in result.incidents:
+            after = inc.get("first_output_after")
+            self.say(f"  restart {inc['restart']}"
+                     + (" (torchrun's)" if inc.get("by") == "torchrun" else "")
+                     + f": {inc['kind']}"
+                     + (f" of {inc['node']} (node_rank {inc.get('node_rank')})" if inc["node"]
+                        else "")
+                     + (f", replaced by {inc['replaced_by']}" if inc.get("replaced_by") else "")
+                     + (f"; first output {after:.1f} s after the failure" if after is not None
+                        else "") + f" ({inc['why']})", "yellow")
+        style = "green" if result.ok else "red"
+        if result.action == "launch" and result.sync:
+            sync = result.sync
+            self.say(f"sync: {sync['files']} files, {sync['bytes']} bytes to "
+                     f"{sync['nodes_sent_to']} of {len(result.hosts)} nodes")
+        if result.action == "launch" and result.timings.get("first_output") is not None:
+            self.say(f"first output {result.timings['first_output']:.1f} s after launch")
+        self.say(f"run {result.run_id} {result.state}: {result.reason}", style)
+        if result.run_dir.exists():
+            self.say(f"run directory: {result.run_dir}")
+        if as_json:
+            print_json(result.to_dict())
+        return int(result.exit_code)
+
+    def report_prune(self, report: PruneReport, as_json: bool) -> int:
+        """The runs the policy lets go on stdout (removed, or kept and why); totals on stderr."""
+        gone = "would remove" if report.dry_run else "removed"
+        if as_json:
+            print_json(report.to_dict())
+        else:
+            console().print(_prune_table(report, gone))
+        totals = report.totals()
+        where = (f" and {totals['node_dirs']} run directories on nodes "
+                 f"({_size(totals['node_bytes'])})" if report.nodes_asked else
+                 " (nodes not asked: give -i INVENTORY to prune there too)")
+        self.say(f"{gone} {totals['runs']} runs ({_size(totals['bytes'])} on the controller)"
+                 f"{where}; kept {totals['kept']} of the {len(report.runs)} runs the policy let go",
+                 "green" if report.exit_code == Exit.OK else "red")
+        if report.reason:
+            self.say(report.reason, "red")
+        if report.dry_run and totals["runs"]:
+            self.say("dry run: nothing was removed; add --yes to remove them", "yellow")
+        return int(report.exit_code)
+
+
+def _table(result: RunResult) -> Table:
+    table = Table(title=f"run {result.run_id}: {result.state}", title_justify="left")
+    for col in ("node", "rank", "state", "exit", "last line / error"):
+        table.add_column(col, overflow="fold")
+    for host, h in result.hosts.items():
+        last = parse_line(host, h.get("node_rank"), result.static_nproc, h.get("last_line") or "")
+        note = h.get("exception") or h.get("error") or last.short
+        style = {"succeeded": "green", "running": "cyan", "stopped": "yellow",
+                 "standby": "yellow"}.get(h.get("state") or "", "red")
+        exit_code = h.get("exit_code")
+        rank = str(h.get("node_rank")) + (" (standby)" if h.get("standby") else "")
+        table.add_row(escape(host), rank, f"[{style}]{h.get('state')}[/]",
+                      "-" if exit_code is None else str(exit_code), escape(note))
+    return table
+
+
+def _facts_table(result: RunResult) -> Table:
+    """verify: every node as preflight found it, one row each."""
+    table = Table(title=f"run {result.run_id}: the nodes as preflight found them",
+                  title_justify="left")
+    for col in ("node", "rank", "python", "torch", "cuda", "nccl", "gpus", "launchers",
+                "interface", "disk free", "shm", "rdma", "check"):
+        table.add_column(col, overflow="fold")
+    for host, facts in result.hosts.items():
+        table.add_row(*facts_cells(host, facts))
+    return table
+
+def runs_table(found: list[RunInfo]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in ("run id", "state", "started", "nodes", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in found:
+        table.add_row(r.run_id, r.state, _when(r.started_at), ",".join(r.nodes), escape(r.reason))
+    return table
+
+
+def _prune_table(report: PruneReport, gone: str) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in ("run id", "state", "started", "controller", "nodes", gone):
+        table.add_column(col, overflow="fold")
+    for r in report.runs:
+        nodes = ", ".join(f"{h} {_size(int(n.get('bytes') or 0))}"
+                          + ("" if n.get("removed") else " (kept)")
+                          for h, n in r.nodes.items()
+                          if n.get("state") not in (None, "missing")) or "-"
+        table.add_row(r.run_id, r.state, _when(r.started_at), _size(r.bytes), escape(nodes),
+                      "yes" if r.removed else f"no: {escape(r.kept or '')}")
+    return table
+
+
+def _when(started_at: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at)) if started_at else "-"
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return ""
