@@ -37,7 +37,7 @@ from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 
 from tests.cluster import testbed
-from tests.cluster.testbed import Cluster, Node, TestbedError, podman, state_dir
+from tests.cluster.testbed import Cluster, Node, TestbedError, podman, run_command, state_dir
 
 HERE = Path(__file__).resolve().parent / "slurm"
 REPO = Path(__file__).resolve().parents[2]
@@ -293,8 +293,7 @@ def up(name: str, n: int = 4, subnet_index: int | None = None, *,
 
 def _start_container(cluster: str, node: Node, role: str, index: int, image: str, key: Path,
                      cluster_dir: Path) -> None:
-    machine_id = cluster_dir / f"{node.name}.machine-id"
-    machine_id.write_text(hashlib.md5(f"torchherd-testbed/{node.name}".encode()).hexdigest() + "\n")
+    machine_id = testbed.write_machine_id(cluster_dir, node.name)
     podman(
         "run", "--detach",
         "--name", node.name,
@@ -351,18 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     down_cmd = commands.add_parser("down", help="remove a cluster")
     down_cmd.add_argument("name")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "build":
-            print(build(stream=True))
-        elif args.command == "up":
-            cluster = up(args.name, args.nodes, args.subnet_index)
-            print(f"sbatch etc.: podman exec -it {cluster.ctl.name} bash")
-        else:
-            down(args.name)
-    except (TestbedError, ValueError) as exc:
-        print(f"slurm: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command("slurm", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.command == "build":
+        print(build(stream=True))
+    elif args.command == "up":
+        cluster = up(args.name, args.nodes, args.subnet_index)
+        print(f"sbatch etc.: podman exec -it {cluster.ctl.name} bash")
+    else:
+        down(args.name)
 
 
 if __name__ == "__main__":

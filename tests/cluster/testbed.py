@@ -757,6 +757,15 @@ def _node_labels(node: Node) -> list[str]:
     return [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}")]
 
 
+def write_machine_id(cluster_dir: Path, name: str) -> Path:
+    """The node's /etc/machine-id, written in cluster_dir. Without its own every node shares
+    the host's and systemd boots "degraded"; derived from the name so that a recreated node
+    keeps its identity."""
+    machine_id = cluster_dir / f"{name}.machine-id"
+    machine_id.write_text(hashlib.md5(f"torchherd-testbed/{name}".encode()).hexdigest() + "\n")
+    return machine_id
+
+
 def _start_container(
     cluster: str,
     node: Node,
@@ -769,10 +778,7 @@ def _start_container(
     no_ipv6: bool = False,
     store: Path | None = None,
 ) -> None:
-    # Without its own machine-id every node shares the host's and systemd boots "degraded";
-    # derived from the name so that a recreated node keeps its identity.
-    machine_id = cluster_dir / f"{node.name}.machine-id"
-    machine_id.write_text(hashlib.md5(f"torchherd-testbed/{node.name}".encode()).hexdigest() + "\n")
+    machine_id = write_machine_id(cluster_dir, node.name)
     podman(
         "run", "--detach",
         "--name", node.name,
@@ -1107,38 +1113,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     status_cmd.add_argument("name", nargs="?")
     status_cmd.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    return run_command("testbed", lambda: _run(args))
 
+
+def _run(args: argparse.Namespace) -> None:
+    if args.command == "build":
+        print(build(force=args.force, stream=True))
+    elif args.command == "up":
+        cluster = up(
+            args.name,
+            args.nodes,
+            args.subnet_index,
+            extra=args.extra,
+            timeout=args.timeout,
+            data_network=args.data_network,
+            no_ipv6=args.no_ipv6,
+        )
+        if args.json:
+            print(json.dumps(asdict(cluster), default=str, indent=2))
+        else:
+            print(cluster.inventory)
+    elif args.command == "down":
+        down(args.name)
+    elif args.command == "status":
+        rows = status(args.name)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for row in rows:
+                print(
+                    f"{row['cluster']:<12} {row['role']:<6} {row['name']:<24} "
+                    f"{row['ip']:<16} {row['data_ip'] or '-':<16} {row['state']}"
+                )
+
+
+def run_command(prog: str, command: Callable[[], None]) -> int:
+    """The exit status of a command line of these tools: 1, its error on stderr, where it
+    failed as they can (TestbedError, ValueError); else 0."""
     try:
-        if args.command == "build":
-            print(build(force=args.force, stream=True))
-        elif args.command == "up":
-            cluster = up(
-                args.name,
-                args.nodes,
-                args.subnet_index,
-                extra=args.extra,
-                timeout=args.timeout,
-                data_network=args.data_network,
-                no_ipv6=args.no_ipv6,
-            )
-            if args.json:
-                print(json.dumps(asdict(cluster), default=str, indent=2))
-            else:
-                print(cluster.inventory)
-        elif args.command == "down":
-            down(args.name)
-        elif args.command == "status":
-            rows = status(args.name)
-            if args.json:
-                print(json.dumps(rows, indent=2))
-            else:
-                for row in rows:
-                    print(
-                        f"{row['cluster']:<12} {row['role']:<6} {row['name']:<24} "
-                        f"{row['ip']:<16} {row['data_ip'] or '-':<16} {row['state']}"
-                    )
+        command()
     except (TestbedError, ValueError) as exc:
-        print(f"testbed: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -3,10 +3,15 @@ tests that launch on them see them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-# local.ini's torchherd_root of each node.
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+from tests.integration.helpers import REPO
+
+LOCAL_INI = REPO / "inventories" / "local.ini"
+# local.ini's torchherd_root of each node: a run lives in <root>/runs/<run_id> there, its code
+# in <root>/code/<job name>.
+NODE_ROOTS = [Path(p) for p in re.findall(r"torchherd_root=(\S+)", LOCAL_INI.read_text())]
 
 
 def live_processes_of(node_run_dir: Path) -> list[int]:

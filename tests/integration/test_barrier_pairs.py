@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from driver import Exit, launch
+from tests.integration.helpers import EXAMPLES, JOB_PROCS
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
 TABLE = "thpairs"
 RUN_DIR = "/root/.torchherd/runs/pairs-blocked"
 

@@ -9,14 +9,14 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
 
 from driver.paths import CHECKOUT
+from tests.integration.helpers import SCHEMA
 from tests.integration.local_nodes import NODE_ROOTS, live_processes_of
-
-SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
 
 
 def start_launch(tmp_path: Path, run_id: str, *flags: str) -> subprocess.Popen[str]:
@@ -44,24 +44,33 @@ def end_launch(proc: subprocess.Popen[str], run_id: str) -> None:
             subprocess.run(["rm", "-rf", str(root / sub / run_id)], check=False)
 
 
+def interrupt_when(proc: subprocess.Popen[str], ready: Callable[[list[str]], bool],
+                   missing: str) -> str:
+    """Ctrl-C (SIGINT) once the lines read from the launch's stderr so far are `ready`; its
+    stdout once it exited 130 after it."""
+    seen: list[str] = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen.append(line)
+        if ready(seen):
+            proc.send_signal(signal.SIGINT)
+            break
+    else:
+        raise AssertionError(f"{missing}:\n" + "".join(seen))
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (out + err)[-3000:]
+    return out
+
+
 def test_ctrl_c_in_preflight_reports_nothing_started(tmp_path: Path) -> None:
     runs_dir = tmp_path / "runs"
     run_id = f"cancel-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     proc = start_launch(tmp_path, run_id)
     try:
-        seen = []
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            seen.append(line)
-            # Not a terminal: one plain line per phase; the start is three phases later.
-            if line.strip() == "torchherd: preflight":
-                proc.send_signal(signal.SIGINT)
-                break
-        else:
-            raise AssertionError("no preflight phase seen:\n" + "".join(seen))
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 130, (out + err)[-3000:]
+        # Not a terminal: one plain line per phase; the start is three phases later.
+        out = interrupt_when(proc, lambda seen: seen[-1].strip() == "torchherd: preflight",
+                             "no preflight phase seen")
         doc = json.loads(out)
         jsonschema.validate(doc, SCHEMA)
         assert doc["state"] == "cancelled" and doc["exit_name"] == "cancelled"
@@ -88,18 +97,10 @@ def test_ctrl_c_after_preflight_detached_leaves_no_launcher_started_ahead(tmp_pa
     proc = start_launch(tmp_path, run_id, "-j", str(tmp_path / "job.yml"),
                         "--on-interrupt", "detach")
     try:
-        seen = []
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            seen.append(line)
-            # Both nodes' facts are in (each started its launcher ahead): cancel.
-            if sum(": checked" in s for s in seen) == len(NODE_ROOTS):
-                proc.send_signal(signal.SIGINT)
-                break
-        else:
-            raise AssertionError("no node was checked:\n" + "".join(seen))
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 130, (out + err)[-3000:]
+        # Both nodes' facts are in (each started its launcher ahead): cancel.
+        out = interrupt_when(
+            proc, lambda seen: sum(": checked" in s for s in seen) == len(NODE_ROOTS),
+            "no node was checked")
         doc = json.loads(out)
         assert doc["state"] == "cancelled" and "nothing was started" in doc["reason"], doc
         for root in NODE_ROOTS:

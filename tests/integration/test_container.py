@@ -26,6 +26,7 @@ import pytest
 
 from driver import Exit, launch, stacks, status, stop, verify
 from tests.cluster import testbed
+from tests.integration.helpers import assert_no_job_left, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -93,8 +94,7 @@ def containers(cluster: testbed.Cluster) -> dict[str, list[str]]:
 
 def assert_nothing_left(cluster: testbed.Cluster) -> None:
     assert containers(cluster) == {node.name: [] for node in cluster.nodes}
-    for node in cluster.nodes:
-        assert cluster.pids(node, "job.py") == [], f"a rank is left on {node.name}"
+    assert_no_job_left(cluster, "job.py")
 
 
 def wait_for_lines(cluster: testbed.Cluster, run_id: str, timeout: float = 120) -> None:
@@ -230,14 +230,15 @@ def registry(ctr, tmp_path: Path) -> Iterator[tuple[str, str]]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     local = "localhost/torchherd-pull:test"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answers() -> bool:
             try:
                 urllib.request.urlopen(f"http://{host}:{port}/v2/", timeout=2).close()
-                break
+                return True
             except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "no registry"
-                time.sleep(0.2)
+                assert proc.poll() is None, "the registry exited"
+                return False
+
+        wait_for(answers, 30, "the registry", interval=0.2)
         context = tmp_path / "image"
         context.mkdir()
         (context / "marker").write_text("torchherd pull test\n")

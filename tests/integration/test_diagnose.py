@@ -12,10 +12,11 @@ import pytest
 
 from driver import launch, stacks, status, stop, verify
 from driver.api import Exit
+from tests.integration.helpers import EXAMPLES, assert_no_job_left
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOB_PROCS = r"torch\.distributed\.run|stall\.py|allreduce\.py"
 
 
 def job(run_id, script="allreduce.py", *args, **extra):
@@ -25,11 +26,6 @@ def job(run_id, script="allreduce.py", *args, **extra):
 
 def preflight(runs, run_id):
     return json.loads((runs / run_id / "preflight.json").read_text())["gate"]
-
-
-def nothing_left(cluster, pattern=r"torch\.distributed\.run|stall\.py|allreduce\.py"):
-    for node in cluster.nodes:
-        assert cluster.pids(node, pattern) == [], node.name
 
 
 def test_the_interconnect_check_names_a_throttled_node(uneven, tmp_path):
@@ -70,7 +66,7 @@ def test_the_interconnect_check_names_a_throttled_node(uneven, tmp_path):
     assert launched.ok, launched.reason
     summary = json.loads((tmp_path / "ic-launch" / "summary.json").read_text())
     assert summary["interconnect"]["ok"] and summary["interconnect"]["reused"] is None
-    nothing_left(uneven)
+    assert_no_job_left(uneven, JOB_PROCS)
 
 
 def test_a_rank_stuck_outside_the_collective_is_found_named_and_stopped(uneven, tmp_path):
@@ -94,7 +90,7 @@ def test_a_rank_stuck_outside_the_collective_is_found_named_and_stopped(uneven, 
     assert others and others[0]["where"].startswith("all_reduce ("), report["groups"]
     # Stopped; a rank may fail first as its peers' stop closes their connections.
     assert {h["state"] for h in result.hosts.values()} <= {"stopped", "failed"}
-    nothing_left(uneven)
+    assert_no_job_left(uneven, JOB_PROCS)
 
 
 def test_stacks_of_a_healthy_detached_job_leave_it_running(uneven, tmp_path):
@@ -120,4 +116,4 @@ def test_stacks_of_a_healthy_detached_job_leave_it_running(uneven, tmp_path):
     finally:
         stopped = stop("healthy", runs_dir=tmp_path)
     assert stopped.state == "stopped", stopped.reason
-    nothing_left(uneven)
+    assert_no_job_left(uneven, JOB_PROCS)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,13 +26,18 @@ import pytest
 
 from driver import api
 from driver.api import Exit
+from tests.integration.helpers import (
+    EXAMPLES,
+    JOB_PROCS,
+    REPO,
+    SCHEMA,
+    assert_no_job_left,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
 RANKS = r"allreduce\.py"
-JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
-SCHEMA = json.loads((REPO / "driver" / "schema.json").read_text())
 OK_LINE = re.compile(r"^(\S+) r(\d+): torchherd-allreduce ok host=(\S+) .*\brank=(\d+) ")
 
 
@@ -41,7 +46,7 @@ def code_src(tmp_path_factory):
     """examples/allreduce.py alone: edits elsewhere in examples/ cannot change what is synced
     while a test runs."""
     code = tmp_path_factory.mktemp("code")
-    shutil.copy(REPO / "examples" / "allreduce.py", code)
+    shutil.copy(EXAMPLES / "allreduce.py", code)
     return str(code)
 
 
@@ -75,24 +80,11 @@ def document(stdout):
     return doc
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(1)
-
-
 def job_everywhere(cluster) -> bool:
     """The job runs on every node: its ranks (or its launcher, started anew), whose command
     lines name the script. Not the launcher's module alone: a launcher started ahead in
     preflight (the schedule's start.warm) waits under that name before the start."""
     return all(cluster.pids(node, RANKS) for node in cluster.nodes)
-
-
-def assert_no_job_left(cluster):
-    for node in cluster.nodes:
-        assert cluster.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
 
 
 @contextmanager

@@ -29,12 +29,11 @@ from driver import api, launch
 from driver.paths import CHECKOUT, shipped_collections_path
 from driver.runner import run_playbook
 from tests.cluster import testbed
+from tests.integration.helpers import EXAMPLES, REPO
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "firewall.yml"
-EXAMPLES = str(REPO / "examples")
 MASTER_PORT = 29500
 MODULE = "torchherd.cluster.firewall_rules"
 ANSIBLE_ENV = {
@@ -244,7 +243,7 @@ def launch_inventory(cluster, tmp_path):
 
 def allreduce_job(**extra):
     # Bounded: a blocked connection fails the job in a minute instead of hanging.
-    return {"script": "allreduce.py", "code_src": EXAMPLES, "nproc_per_node": 1,
+    return {"script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 1,
             "args": ["--pg-timeout", "60"], "timeout": 120, **extra}
 
 

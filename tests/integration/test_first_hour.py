@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from driver.paths import CHECKOUT
+from tests.integration.local_nodes import NODE_ROOTS
 from tests.integration.test_install import _clean_env, installed  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.cluster
 
 DOC = CHECKOUT / "docs" / "first-hour.md"
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
 
 # Every command of the page in order, with phrases that must be in the page's output of it and
 # in the real one: none with a run id, a time, a size or a path, which change every run.

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from driver.paths import CHECKOUT
+from tests.integration.helpers import EXAMPLES
 
 pytestmark = pytest.mark.cluster
 
@@ -62,7 +63,7 @@ def installed(tmp_path_factory):
     shutil.rmtree(source)
     work = root / "work"
     work.mkdir()
-    shutil.copytree(CHECKOUT / "examples", work / "code")
+    shutil.copytree(EXAMPLES, work / "code")
     return venv, work
 
 

@@ -5,18 +5,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
 from driver import launch
 from driver.api import Exit
+from tests.integration.helpers import EXAMPLES, JOB_PROCS, assert_no_job_left
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = str(REPO / "examples")
-JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
 OK_LINE = re.compile(
     r"torchherd-allreduce ok host=(\S+) node_rank=(\d+) local_rank=(\d+) "
     r"rank=(\d+) sum=(\S+) expected=(\S+)"
@@ -24,7 +21,7 @@ OK_LINE = re.compile(
 
 
 def allreduce_job(**extra):
-    return {"script": "allreduce.py", "code_src": EXAMPLES, "nproc_per_node": 2, **extra}
+    return {"script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 2, **extra}
 
 
 def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
@@ -129,8 +126,8 @@ def test_unreachable_node_fails_before_anything_starts(cluster3, tmp_path):
     assert dead.name in result.reason
     preflight = json.loads((tmp_path / "unreachable-1" / "preflight.json").read_text())
     assert [p["host"] for p in preflight["gate"]["problems"]] == [dead.name]
+    assert_no_job_left(cluster3)
     for node in cluster3.nodes:
-        assert cluster3.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
         left = cluster3.exec(
             node, ["test", "-e", "/root/.torchherd/runs/unreachable-1"], check=False
         )

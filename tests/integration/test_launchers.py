@@ -7,16 +7,15 @@ import json
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from driver import launch, status, stop, verify
 from driver.api import Exit
+from tests.integration.helpers import EXAMPLES, assert_failed_fast, assert_no_job_left
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB_PROCS = (r"torch\.distributed\.run|accelerate\.commands\.launch|accelerate_gather\.py|"
              r"deepspeed\.launcher\.launch|deepspeed_step\.py")
 LINE = re.compile(r"torchherd-accelerate (\w+) host=(\S+) process_index=(\d+) "
@@ -39,11 +38,6 @@ def lines(runs, run_id, cluster, pattern=LINE):
     return found
 
 
-def assert_nothing_left(cluster):
-    for node in cluster.nodes:
-        assert cluster.pids(node, JOB_PROCS) == [], f"a job process is left on {node.name}"
-
-
 def test_accelerate_makes_one_world_of_every_node(cluster3, tmp_path):
     result = launch(job("acc-world"), cluster3.inventory, runs_dir=tmp_path)
     assert result.ok, result.reason
@@ -62,7 +56,7 @@ def test_accelerate_makes_one_world_of_every_node(cluster3, tmp_path):
     # accelerate's launch imported ahead in preflight ran the job on every node (start.warm).
     assert all((h["warm"] or {}).get("used") for h in result.hosts.values()), result.hosts
     assert json.loads((node_dir / "env.json").read_text())["ACCELERATE_USE_CPU"] == "1"
-    assert_nothing_left(cluster3)
+    assert_no_job_left(cluster3, JOB_PROCS)
 
 
 def test_accelerate_with_one_process_in_all_runs_without_multi_gpu(cluster3, tmp_path):
@@ -77,7 +71,7 @@ def test_accelerate_with_one_process_in_all_runs_without_multi_gpu(cluster3, tmp
     assert [(f[0], f[2], f[4], f[9]) for f in found] == [("ok", "0", "1", "0")], log
     argv = json.loads((tmp_path / "acc-one" / "nodes" / node / "cmd.json").read_text())
     assert "--multi_gpu" not in argv and argv[argv.index("--num_processes") + 1] == "1"
-    assert_nothing_left(cluster3)
+    assert_no_job_left(cluster3, JOB_PROCS)
 
 
 def test_the_users_accelerate_config_is_honoured(cluster3, tmp_path):
@@ -100,27 +94,7 @@ def test_a_failing_process_under_accelerate_stops_every_node_fast(cluster3, tmp_
     returned = time.time()
     assert result.exit_code == Exit.JOB_FAILED, result.reason
     assert_failed_fast(tmp_path / "acc-fail", cluster3, 3, "injected failure on process 3",
-                       returned, "accelerate")
-
-
-def assert_failed_fast(run_dir, cluster, rank, exception, returned, label):
-    """Rank `rank` (on node 1 with 2 processes per node) raised: summary.json names node, rank
-    and exception, every node stopped within 10 s of it, and nothing is left."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    failed = summary["hosts"][cluster.nodes[1].name]
-    assert failed["state"] == "failed" and failed["failing_rank"] == rank, failed
-    assert failed["exception"] == f"RuntimeError: {exception}"
-    assert cluster.nodes[1].name in summary["reason"] and f"rank {rank}" in summary["reason"]
-    log = (run_dir / "nodes" / cluster.nodes[1].name / "node.log").read_text()
-    failed_at = float(re.search(rf"torchherd-fail rank={rank} t=([\d.]+)", log).group(1))
-    for node in cluster.nodes:
-        ended = summary["hosts"][node.name]["ended_at"]
-        assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
-    assert returned - failed_at < 15
-    assert_nothing_left(cluster)
-    last_end = max(h["ended_at"] for h in summary["hosts"].values())
-    print(f"{label}: failure -> all stopped {last_end - failed_at:.1f} s, "
-          f"failure -> launch returned {returned - failed_at:.1f} s")
+                       returned, "accelerate", JOB_PROCS)
 
 
 def test_preflight_refuses_a_node_without_accelerate(cluster3, tmp_path):
@@ -170,7 +144,7 @@ def test_deepspeed_trains_in_one_world_with_the_users_config(cluster3, tmp_path)
     # DeepSpeed's launcher imported ahead in preflight ran the job on every node (start.warm).
     assert all((h["warm"] or {}).get("used") for h in result.hosts.values()), result.hosts
     assert "--node_rank=2" in argv and f"--master_addr={cluster3.nodes[0].ip}" in argv
-    assert_nothing_left(cluster3)
+    assert_no_job_left(cluster3, JOB_PROCS)
 
 
 def test_a_failing_rank_under_deepspeed_stops_every_node_fast(cluster3, tmp_path):
@@ -179,7 +153,7 @@ def test_a_failing_rank_under_deepspeed_stops_every_node_fast(cluster3, tmp_path
     returned = time.time()
     assert result.exit_code == Exit.JOB_FAILED, result.reason
     assert_failed_fast(tmp_path / "ds-fail", cluster3, 3, "injected failure on rank 3",
-                       returned, "deepspeed")
+                       returned, "deepspeed", JOB_PROCS)
 
 
 def test_a_detached_accelerate_job_is_seen_and_stopped_with_nothing_left(cluster3, tmp_path):
@@ -190,4 +164,4 @@ def test_a_detached_accelerate_job_is_seen_and_stopped_with_nothing_left(cluster
     assert seen.state == "running" and len(seen.hosts) == 3, seen.reason
     stopped = stop("acc-detach", runs_dir=tmp_path)
     assert stopped.state == "stopped", stopped.reason
-    assert_nothing_left(cluster3)
+    assert_no_job_left(cluster3, JOB_PROCS)

@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path
 
 from driver.paths import CHECKOUT
-
-LOCAL_INI = CHECKOUT / "inventories" / "local.ini"
+from tests.integration.helpers import EXAMPLES
+from tests.integration.local_nodes import LOCAL_INI
 
 
 def playbook(name: str, inventory: Path, cwd: Path, *extra: str, home: Path | None = None) -> str:
@@ -35,6 +35,24 @@ def playbook(name: str, inventory: Path, cwd: Path, *extra: str, home: Path | No
     return output
 
 
+def jobless_inventory(tmp_path: Path) -> Path:
+    """local.ini's nodes without its job, as inventory/hosts.ini beside an empty group_vars/
+    (where Ansible users put a group's settings)."""
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    hosts = [line for line in LOCAL_INI.read_text().splitlines()
+             if not line.startswith("torchherd_job=")]
+    (inventory / "hosts.ini").write_text("\n".join(hosts) + "\n")
+    return inventory / "hosts.ini"
+
+
+def job_in_group_vars(hosts: Path) -> None:
+    """The node group's job in group_vars/torchherd_nodes.yml beside the inventory `hosts`."""
+    (hosts.parent / "group_vars" / "torchherd_nodes.yml").write_text(json.dumps({"torchherd_job": {
+        "script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 1,
+        "name": "from-group-vars"}}))
+
+
 def only_run(runs: Path) -> Path:
     # .interconnect holds the interconnect check's measures for reuse, not a run.
     found = [p for p in runs.iterdir() if not p.name.startswith(".")]
@@ -46,7 +64,7 @@ def test_launch_playbook_runs_without_deprecation_warnings(tmp_path: Path) -> No
     run_id = f"local-{uuid.uuid4().hex[:8]}"  # the nodes keep their run directories
     job = tmp_path / "job.yml"
     job.write_text(json.dumps({"torchherd_job": {
-        "script": "allreduce.py", "code_src": str(CHECKOUT / "examples"), "nproc_per_node": 1,
+        "script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 1,
         "runs_dir": str(tmp_path / "runs"), "run_id": run_id}}))
     output = playbook("launch", LOCAL_INI, CHECKOUT, "-e", f"@{job}")
     assert "DEPRECATION" not in output.upper(), output[-3000:]
@@ -69,17 +87,10 @@ def test_launch_playbook_runs_the_job_of_the_inventory(tmp_path: Path) -> None:
 
 
 def test_verify_takes_the_job_from_the_node_groups_group_vars(tmp_path: Path) -> None:
-    # Where Ansible users put a group's settings: group_vars/<group>.yml beside the inventory.
     # The plan runs on localhost, which is not in that group.
-    inventory = tmp_path / "inventory"
-    (inventory / "group_vars").mkdir(parents=True)
-    hosts = [line for line in LOCAL_INI.read_text().splitlines()
-             if not line.startswith("torchherd_job=")]
-    (inventory / "hosts.ini").write_text("\n".join(hosts) + "\n")
-    (inventory / "group_vars" / "torchherd_nodes.yml").write_text(json.dumps({"torchherd_job": {
-        "script": "allreduce.py", "code_src": str(CHECKOUT / "examples"), "nproc_per_node": 1,
-        "name": "from-group-vars"}}))
-    playbook("verify", inventory / "hosts.ini", tmp_path)
+    hosts = jobless_inventory(tmp_path)
+    job_in_group_vars(hosts)
+    playbook("verify", hosts, tmp_path)
     run_dir = only_run(tmp_path / "runs")
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["job"]["name"] == "from-group-vars" and plan["nproc_per_node"] == 1
@@ -91,7 +102,7 @@ def test_paths_with_a_tilde_are_the_users_home(tmp_path: Path) -> None:
     # As the driver reads them: ~ is the home directory, not a directory named ~.
     home = tmp_path / "home"
     (home / "src").mkdir(parents=True)
-    shutil.copy(CHECKOUT / "examples" / "allreduce.py", home / "src")
+    shutil.copy(EXAMPLES / "allreduce.py", home / "src")
     job = tmp_path / "job.yml"
     job.write_text(json.dumps({"torchherd_job": {
         "script": "allreduce.py", "code_src": "~/src", "runs_dir": "~/runs",
@@ -112,21 +123,15 @@ def _driver_verify(inventory: Path, runs: Path) -> dict:
 
 def test_both_entry_points_verify_without_a_job_and_take_the_inventorys(tmp_path: Path) -> None:
     # No job anywhere: verify checks the nodes alone, on both entry points.
-    inventory = tmp_path / "inventory"
-    (inventory / "group_vars").mkdir(parents=True)
-    hosts = [line for line in LOCAL_INI.read_text().splitlines()
-             if not line.startswith("torchherd_job=")]
-    (inventory / "hosts.ini").write_text("\n".join(hosts) + "\n")
-    playbook("verify", inventory / "hosts.ini", tmp_path)
+    hosts = jobless_inventory(tmp_path)
+    playbook("verify", hosts, tmp_path)
     plan = json.loads((only_run(tmp_path / "runs") / "plan.json").read_text())
     assert plan["job"]["script"] == "" and plan["code_hash"] is None
     assert [n["host"] for n in plan["nodes"]] == ["node0", "node1"]
-    assert _driver_verify(inventory / "hosts.ini", tmp_path / "jobless")["job"]["script"] == ""
+    assert _driver_verify(hosts, tmp_path / "jobless")["job"]["script"] == ""
     # A job in group_vars: the driver takes it, as ansible-playbook does.
-    (inventory / "group_vars" / "torchherd_nodes.yml").write_text(json.dumps({"torchherd_job": {
-        "script": "allreduce.py", "code_src": str(CHECKOUT / "examples"), "nproc_per_node": 1,
-        "name": "from-group-vars"}}))
-    plan = _driver_verify(inventory / "hosts.ini", tmp_path / "driver")
+    job_in_group_vars(hosts)
+    plan = _driver_verify(hosts, tmp_path / "driver")
     assert plan["job"]["name"] == "from-group-vars" and plan["nproc_per_node"] == 1
     assert plan["code_files"] > 0
 
@@ -164,7 +169,7 @@ def test_the_interconnect_measure_is_reused_only_for_the_same_nodes(tmp_path: Pa
         return path
 
     runs = tmp_path / "runs"
-    job = {"script": "allreduce.py", "code_src": str(CHECKOUT / "examples"),
+    job = {"script": "allreduce.py", "code_src": str(EXAMPLES),
            "nproc_per_node": 1, "interconnect": "verify"}
     first = inventory("first", "node1", "127.0.0.2")
     for run_id in ("ic-first", "ic-again"):

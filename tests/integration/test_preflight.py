@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.torchherd.cluster.plugins.filter.gate import host_identity
 from driver import launch, verify
 from driver.api import Exit
+from tests.integration.helpers import EXAMPLES, JOB_PROCS
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
-JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
 
 FAKE_TORCH = {
     "torch/__init__.py": (
@@ -32,7 +30,7 @@ FAKE_TORCH = {
 
 
 def job(run_id, **extra):
-    return {"script": "allreduce.py", "code_src": EXAMPLES, "nproc_per_node": 1,
+    return {"script": "allreduce.py", "code_src": str(EXAMPLES), "nproc_per_node": 1,
             "run_id": run_id, **extra}
 
 

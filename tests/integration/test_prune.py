@@ -5,26 +5,14 @@ the older run's directory on the controller and on both nodes, and leaves the ne
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import jsonschema
 
-from driver.paths import CHECKOUT
-
-# local.ini's torchherd_root of each node; a run lives in <root>/runs/<run_id> there.
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
-SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
-
-
-def torchherd(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    return subprocess.run([sys.executable, "-m", "driver", *argv], cwd=CHECKOUT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+from tests.integration.helpers import SCHEMA, torchherd
+from tests.integration.local_nodes import NODE_ROOTS
 
 
 def test_prune_keeps_the_newest_run_on_the_controller_and_the_nodes(tmp_path: Path) -> None:

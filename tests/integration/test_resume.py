@@ -17,10 +17,10 @@ import pytest
 
 from driver import collect, launch, launch_async, status
 from tests.cluster import testbed
+from tests.integration.helpers import EXAMPLES, assert_no_job_left, wait_for
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB_PROCESSES = r"torch\.distributed\.run|train_ddp\.py|allreduce\.py"
 DONE = re.compile(r"torchherd-train done epochs=(\d+) weights=(\S+)")
 
@@ -51,8 +51,8 @@ def final_weights(runs: Path, run_id: str, host: str) -> str:
 
 def no_job_left(cluster: testbed.Cluster, nodes, run_id: str = "") -> None:
     """No job process on the nodes, and no firewall rule of the run."""
+    assert_no_job_left(cluster, JOB_PROCESSES, nodes)
     for node in nodes:
-        assert cluster.pids(node, JOB_PROCESSES) == [], node.name
         if run_id:
             rules = cluster.exec(node, ["nft", "list", "ruleset"]).stdout
             assert run_id not in rules, f"a rule of run {run_id} is left on {node.name}"
@@ -99,14 +99,13 @@ def reference_weights(cluster: testbed.Cluster, inventory: Path, runs: Path) -> 
 
 def kill_after_three_epochs(cluster: testbed.Cluster, run_id: str, index: int) -> float:
     """Kill node `index` once the first node logged three epochs; returns when it was."""
-    deadline = time.monotonic() + 180
-    while True:
-        out = cluster.exec(cluster.nodes[0], ["cat", f"/root/.torchherd/runs/{run_id}/node.log"],
+
+    def epochs() -> int:
+        log = cluster.exec(cluster.nodes[0], ["cat", f"/root/.torchherd/runs/{run_id}/node.log"],
                            check=False).stdout
-        if len(re.findall(r"torchherd-train epoch=\d+", out)) >= 3:
-            break
-        assert time.monotonic() < deadline, "three epochs never came"
-        time.sleep(0.3)
+        return len(re.findall(r"torchherd-train epoch=\d+", log))
+
+    wait_for(lambda: epochs() >= 3, 180, "three epochs", interval=0.3)
     killed_at = time.time()
     cluster.kill(cluster.nodes[index])
     return killed_at

@@ -11,16 +11,15 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from driver import launch
 from driver.api import Exit
+from tests.integration.helpers import EXAMPLES
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NODES, FORKS = (int(n) for n in os.environ.get("TORCHHERD_SCALE", "6:2").split(":"))
 FAIL = NODES - 2  # a rank of a node in the last batch
 OK_LINE = re.compile(r"torchherd-allreduce ok host=\S+ node_rank=(\d+) local_rank=\d+ rank=(\d+) "

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,10 +26,9 @@ from pathlib import Path
 import pytest
 
 from driver.paths import CHECKOUT
+from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS
 
 NAME = "TORCHHERD_TEST_SECRET"
-INVENTORY = CHECKOUT / "inventories" / "local.ini"
-NODE_ROOTS = [Path(p) for p in re.findall(r"torchherd_root=(\S+)", INVENTORY.read_text())]
 CHECK = """\
 import hashlib
 import os
@@ -118,7 +116,7 @@ def playbook_run(tmp_path_factory: pytest.TempPathFactory) -> PlaybookRun:
                TORCHHERD_TEST_RECORD=str(record), TORCHHERD_TEST_RECORD_ARGS=str(record_args))
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-vvvv", "playbooks/launch.yml",
-         "-i", str(INVENTORY), "-e", f"@{job}"],
+         "-i", str(LOCAL_INI), "-e", f"@{job}"],
         cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return PlaybookRun(secret, proc, runs_dir, run_id, record, record_args)
 
@@ -144,7 +142,7 @@ def test_driver_at_vvv_shows_no_secret(tmp_path: Path) -> None:
     code, run_id = _job(tmp_path, secret)
     runs_dir = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "driver", "launch", "-vvv", "-i", str(INVENTORY),
+        [sys.executable, "-m", "driver", "launch", "-vvv", "-i", str(LOCAL_INI),
          "--code-src", str(code), "--runs-dir", str(runs_dir), "--run-id", run_id,
          "--nproc-per-node", "1", "--secret-env", NAME, "--", "check_secret.py"],
         cwd=CHECKOUT, env=_env(**{NAME: secret}), capture_output=True, text=True,

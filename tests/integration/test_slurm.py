@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from tests.cluster import slurm as slurm_cluster
 from tests.cluster import testbed
+from tests.integration.helpers import EXAMPLES, REPO, wait_for
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "slurm"
-SBATCH = str(REPO / "examples" / "torchherd.sbatch")
+SBATCH = str(EXAMPLES / "torchherd.sbatch")
 INVENTORY = str(REPO / "tests" / "cluster" / "slurm" / "torchherd.slurm.yml")
 # The image's python3 stands for the project's venv on shared storage (see slurm.py).
 TEMPLATE_ENV = {"TORCHHERD_HOME": str(REPO), "TORCHHERD_PYTHON": "/usr/bin/python3"}
@@ -54,17 +51,6 @@ def names(cluster, *indexes: int) -> list[str]:
 def unwrap(value):
     """ansible-inventory marks plugin strings as {"__ansible_unsafe": value}."""
     return value.get("__ansible_unsafe") if isinstance(value, dict) else value
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.5)
 
 
 def leftovers(cluster, node) -> list[str]:
@@ -153,7 +139,7 @@ def test_sbatch_launches_on_exactly_the_allocated_nodes(slurm):
         "env", *(f"{k}={v}" for k, v in TEMPLATE_ENV.items()),
         "sbatch", "--parsable", "--wait", "--nodes=3", f"--exclude={skipped.name}",
         "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
-        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1", "--", "allreduce.py",
+        "--code-src", str(EXAMPLES), "--nproc-per-node", "1", "--", "allreduce.py",
     ], check=False, timeout=300)  # fmt: skip
     job_id = submitted.stdout.strip().split(";")[0]
     allocated = slurm.job_nodes(job_id)
@@ -194,7 +180,7 @@ def test_sbatch_launches_on_exactly_the_allocated_nodes(slurm):
 def test_scancel_leaves_no_process_on_any_node(slurm):
     job_id = slurm.sbatch([
         "--nodes=3", "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
-        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1",
+        "--code-src", str(EXAMPLES), "--nproc-per-node", "1",
         "--", "allreduce.py", "--sleep", "600",
     ], env=TEMPLATE_ENV)  # fmt: skip
     allocated, run_dir = running_job(slurm, job_id)
@@ -244,7 +230,7 @@ def test_other_launchers_run_as_steps_of_the_job(slurm, launcher, script, line):
         "env", *(f"{k}={v}" for k, v in TEMPLATE_ENV.items()),
         "sbatch", "--parsable", "--wait", "--nodes=2",
         "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
-        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1",
+        "--code-src", str(EXAMPLES), "--nproc-per-node", "1",
         "--launcher", launcher, "--", script,
     ], check=False, timeout=300)  # fmt: skip
     job_id = submitted.stdout.strip().split(";")[0]
@@ -277,7 +263,7 @@ def test_a_node_lost_in_the_allocation_is_left_out_and_the_job_resumes_on_its_sp
     lives on (the template's --no-kill). Last in this module: it leaves a node dead."""
     job_id = slurm.sbatch([
         "--nodes=4", "--chdir=/root", "--output=/root/torchherd-%j.out", SBATCH,
-        "--code-src", str(REPO / "examples"), "--nproc-per-node", "1", "--node-count", "3",
+        "--code-src", str(EXAMPLES), "--nproc-per-node", "1", "--node-count", "3",
         "--restarts", "1", "--", "train_ddp.py", "--epochs", "8", "--epoch-seconds", "1",
         "--ckpt-dir", "/root/ck-slurm",
     ], env=TEMPLATE_ENV)  # fmt: skip

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from driver import launch
+from tests.integration.helpers import EXAMPLES, assert_no_job_left
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OK_LINE = re.compile(r"torchherd-allreduce ok host=\S+ node_rank=(\d+) local_rank=\d+ "
                      r"rank=(\d+) sum=(\S+) expected=(\S+)")
-JOB_PROCESSES = r"torch\.distributed\.run|allreduce\.py"
 
 
 def ranks_by_node(runs: Path, run_id: str, names: list[str]) -> dict[str, set[int]]:
@@ -69,8 +68,7 @@ def test_a_spare_takes_the_place_of_a_node_that_fails_preflight(spares, tmp_path
     # Nothing ran or was left on the node left out.
     assert cluster.exec(cluster.nodes[1], ["test", "-e", "/root/.torchherd/runs/torch-broken"],
                         check=False).returncode != 0
-    for node in cluster.nodes:
-        assert cluster.pids(node, JOB_PROCESSES) == [], node.name
+    assert_no_job_left(cluster)
 
     # The master's sshd down: the spare takes rank 0 and with it the master's place.
     cluster.stop_sshd(cluster.nodes[0])
@@ -86,8 +84,7 @@ def test_a_spare_takes_the_place_of_a_node_that_fails_preflight(spares, tmp_path
     assert result.master and result.master["host"] == names[3]
     assert ranks_by_node(tmp_path, "master-down", names) == {
         names[3]: {0}, names[1]: {1}, names[2]: {2}}
-    for node in cluster.nodes:
-        assert cluster.pids(node, JOB_PROCESSES) == [], node.name
+    assert_no_job_left(cluster)
 
 
 def test_without_enough_healthy_nodes_preflight_fails_as_before(spares, tmp_path):

@@ -5,9 +5,7 @@ on. Skipped where this machine has py-spy."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -15,20 +13,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from driver.paths import CHECKOUT
-
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
-SCHEMA = json.loads((CHECKOUT / "driver" / "schema.json").read_text())
+from tests.integration.helpers import SCHEMA, torchherd
+from tests.integration.local_nodes import NODE_ROOTS
 
 pytestmark = pytest.mark.skipif(
     bool(shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()),
     reason="py-spy is installed here: nothing is missing")
-
-
-def torchherd(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    return subprocess.run([sys.executable, "-m", "driver", *argv], cwd=CHECKOUT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_stacks_without_py_spy_fail_and_say_how_to_get_it(tmp_path: Path) -> None:

@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 
 from driver import api
-from tests.integration.local_nodes import NODE_ROOTS, live_processes_of
-
-INVENTORY = str(Path(__file__).resolve().parents[2] / "inventories" / "local.ini")
+from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS, live_processes_of
 
 
 def test_a_failed_sync_sends_the_launchers_started_ahead_away(tmp_path: Path) -> None:
@@ -41,7 +39,7 @@ def test_a_failed_sync_sends_the_launchers_started_ahead_away(tmp_path: Path) ->
             facts[data.get("host")] = res
     try:
         result = api.launch({"script": "job.py", "code_src": str(code), "name": run_id,
-                             "run_id": run_id, "nproc_per_node": 1}, INVENTORY,
+                             "run_id": run_id, "nproc_per_node": 1}, str(LOCAL_INI),
                             runs_dir=tmp_path / "runs", on_event=seen)
         # Preflight started a launcher ahead on each node: what the failed sync must end.
         assert {host: (res.get("warm") or {}).get("started") for host, res in facts.items()} == {

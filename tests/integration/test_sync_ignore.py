@@ -7,15 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-from driver.paths import CHECKOUT
-
-# local.ini's torchherd_root of each node; the code lands in <root>/code/<job name>.
-NODE_ROOTS = [Path("/tmp/torchherd-local/node0"), Path("/tmp/torchherd-local/node1")]
+from tests.integration.helpers import torchherd
+from tests.integration.local_nodes import NODE_ROOTS
 
 # Runs on every node, in its code directory: the job itself fails where data/ came along.
 CHECK = """\
@@ -35,14 +31,10 @@ def test_gitignored_data_stays_on_the_controller(tmp_path: Path) -> None:
     (code / "check.py").write_text(CHECK)
     run_id = f"sync-ignore-{uuid.uuid4().hex[:8]}"
     code_dirs = [root / "code" / run_id for root in NODE_ROOTS]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "driver", "launch", "-i", "inventories/local.ini",
-             "--code-src", str(code), "--name", run_id, "--run-id", run_id,
-             "--nproc-per-node", "1", "--runs-dir", str(tmp_path / "runs"), "--json",
-             "--", "check.py"],
-            cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False)
+        proc = torchherd("launch", "-i", "inventories/local.ini", "--code-src", str(code),
+                         "--name", run_id, "--run-id", run_id, "--nproc-per-node", "1",
+                         "--runs-dir", str(tmp_path / "runs"), "--json", "--", "check.py")
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         result = json.loads(proc.stdout)
         assert result["state"] == "succeeded", proc.stdout[-3000:]

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.helpers import EXAMPLES, REPO
+from tests.integration.local_nodes import LOCAL_INI
+
 # A row of the live table while the job runs: node, rank, phase, state, elapsed, last line.
 RUNNING_ROW = re.compile(r"node\d\s.*\brunning\b\s.*?\b(\d+s|\d+m\d\ds)\b.*"
                          r"r\d: ticker rank \d/\d: tick \d+/\d+")
@@ -48,8 +49,8 @@ def tmux():
 def test_the_live_table_shows_elapsed_time_and_the_jobs_last_line(tmux, tmp_path):
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(REPO / "examples" / "ticker.py", code)
-    argv = [sys.executable, "-m", "driver", "launch", "-i", str(REPO / "inventories/local.ini"),
+    shutil.copy(EXAMPLES / "ticker.py", code)
+    argv = [sys.executable, "-m", "driver", "launch", "-i", str(LOCAL_INI),
             "--code-src", str(code), "--nproc-per-node", "1",
             "--runs-dir", str(tmp_path / "runs"), "--", "ticker.py", "--seconds", "8"]
     # remain-on-exit: the pane (and the final report in it) stays after the driver exits. The

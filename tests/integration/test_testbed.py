@@ -60,10 +60,13 @@ def test_nodes_are_separate_machines_with_torch(cluster3: testbed.Cluster) -> No
         cluster3.ssh(0, ["rm", "-f", marker])
 
 
-def test_nodes_reach_each_other_by_ip(cluster3: testbed.Cluster) -> None:
-    port = "29511"
+@contextmanager
+def listening(cluster: testbed.Cluster, node: int,
+              argv: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """argv on the node (started over SSH, the management network) once it printed "ready",
+    until the end of the block."""
     listener = subprocess.Popen(
-        [*cluster3.ssh_argv(0), shlex.join(["python3", "-c", LISTENER, port])],
+        [*cluster.ssh_argv(node), shlex.join(argv)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -71,12 +74,18 @@ def test_nodes_reach_each_other_by_ip(cluster3: testbed.Cluster) -> None:
     try:
         assert listener.stdout is not None
         assert listener.stdout.readline().strip() == "ready"
-        reply = cluster3.ssh(1, ["python3", "-c", CLIENT, cluster3.nodes[0].ip, port])
-        assert reply.stdout.strip() == f"hello from {cluster3.nodes[0].name}"
-        assert listener.wait(timeout=10) == 0
+        yield listener
     finally:
         listener.kill()
         listener.communicate()
+
+
+def test_nodes_reach_each_other_by_ip(cluster3: testbed.Cluster) -> None:
+    port = "29511"
+    with listening(cluster3, 0, ["python3", "-c", LISTENER, port]) as listener:
+        reply = cluster3.ssh(1, ["python3", "-c", CLIENT, cluster3.nodes[0].ip, port])
+        assert reply.stdout.strip() == f"hello from {cluster3.nodes[0].name}"
+        assert listener.wait(timeout=10) == 0
 
 
 # Serves size bytes to every connection until idle for 30 s (a killed SSH client leaves it).
@@ -145,21 +154,9 @@ def data_cluster(node_image: str) -> Iterator[testbed.Cluster]:
 
 @contextmanager
 def serving(cluster: testbed.Cluster, node: int, port: int) -> Iterator[None]:
-    """SERVER on the node (started over SSH, the management network) while in the block."""
-    argv = ["python3", "-c", SERVER, str(port), str(PAYLOAD)]
-    listener = subprocess.Popen(
-        [*cluster.ssh_argv(node), shlex.join(argv)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert listener.stdout is not None
-        assert listener.stdout.readline().strip() == "ready"
+    """SERVER on the node while in the block."""
+    with listening(cluster, node, ["python3", "-c", SERVER, str(port), str(PAYLOAD)]):
         yield
-    finally:
-        listener.kill()
-        listener.communicate()
 
 
 def fetch(

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from driver import launch
 from driver.api import Exit
+from tests.integration.helpers import EXAMPLES, assert_no_job_left
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OK_LINE = re.compile(r"torchherd-allreduce ok host=\S+ node_rank=(\d+) local_rank=(\d+) "
                      r"rank=(\d+) sum=(\S+) expected=(\S+)")
 
@@ -32,11 +31,6 @@ def ranks(runs, run_id, cluster):
         log = (runs / run_id / "nodes" / node.name / "node.log").read_text()
         found += [tuple(m.groups()) for m in OK_LINE.finditer(log)]
     return sorted(found, key=lambda f: int(f[2]))
-
-
-def no_job_left(cluster):
-    for node in cluster.nodes:
-        assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == [], node.name
 
 
 def test_interfaces_are_chosen_per_node_and_proved(uneven, tmp_path):
@@ -57,7 +51,7 @@ def test_interfaces_are_chosen_per_node_and_proved(uneven, tmp_path):
     assert summary["hosts"][uneven.nodes[0].name]["interface"]["how"] == "local"
     assert summary["hosts"][uneven.nodes[1].name]["interface"]["how"] == "route"
     assert len({n.data_if for n in uneven.nodes}) == 3
-    no_job_left(uneven)
+    assert_no_job_left(uneven)
 
 
 def test_the_management_interface_forced_fails_before_any_start(uneven, tmp_path):
@@ -80,7 +74,7 @@ def test_the_management_interface_forced_fails_before_any_start(uneven, tmp_path
         started = uneven.exec(node, ["test", "-e", "/root/.torchherd/runs/if-mgmt/pid"],
                               check=False)
         assert started.returncode != 0, f"{node.name} started the job"
-    no_job_left(uneven)
+    assert_no_job_left(uneven)
 
 
 def test_a_named_interface_missing_on_a_node_is_refused(uneven, tmp_path):
@@ -154,7 +148,7 @@ def test_a_node_with_its_python_elsewhere_and_one_with_another_torch(uneven, tmp
     checks = {(p["host"], p["check"]) for p in result.problems}
     assert (uneven.nodes[2].name, "same torch.version") in checks, result.problems
     assert not any(c == "same python.minor" for _h, c in checks)
-    no_job_left(uneven)
+    assert_no_job_left(uneven)
 
 
 DENY = """table inet testdeny {
@@ -184,7 +178,7 @@ def test_a_user_without_root_launches_where_no_firewall_needs_opening(uneven, tr
     assert {f[3] for f in ranks(tmp_path, "nonroot", uneven)} == {"3"}
     preflight = json.loads((tmp_path / "nonroot" / "preflight.json").read_text())
     assert 0 not in {facts["euid"] for facts in preflight["facts"].values()}
-    no_job_left(uneven)
+    assert_no_job_left(uneven)
 
 
 def test_a_user_without_root_stops_a_detached_job_with_nothing_left(uneven, trainer,
@@ -199,7 +193,7 @@ def test_a_user_without_root_stops_a_detached_job_with_nothing_left(uneven, trai
     assert status("nonroot-stop", runs_dir=tmp_path).state == "running"
     stopped = stop("nonroot-stop", runs_dir=tmp_path)
     assert stopped.state == "stopped", stopped.reason
-    no_job_left(uneven)
+    assert_no_job_left(uneven)
 
 
 def test_a_user_without_root_is_told_what_a_default_deny_node_lacks(uneven, trainer,
@@ -221,7 +215,7 @@ def test_a_user_without_root_is_told_what_a_default_deny_node_lacks(uneven, trai
     for peer in (uneven.nodes[0], uneven.nodes[2]):
         assert peer.data_ip in lacks["expected"], lacks
     assert "administrator" in lacks["fix"]
-    no_job_left(uneven)
+    assert_no_job_left(uneven)
 
 
 def _interconnect(runs, run_id):
@@ -257,4 +251,4 @@ def test_the_interconnect_measure_is_reused_only_over_the_same_interfaces(uneven
     gate = json.loads((tmp_path / "ic-mgmt" / "preflight.json").read_text())["gate"]
     assert {host: i["name"] for host, i in gate["interfaces"].items()} == {
         node.name: node.mgmt_if for node in uneven.nodes}
-    no_job_left(uneven)
+    assert_no_job_left(uneven)

@@ -7,13 +7,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+from tests.integration.helpers import EXAMPLES
 
-EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+pytestmark = pytest.mark.cluster
 
 
 def torchherd(cwd, *args):

@@ -208,6 +208,13 @@ def task_event(events, kind, role, module, host, task_file="main.yml"):
         and e["event_data"].get("resolved_action") == module))
 
 
+def facts_event(events, host, **res):
+    """A host's recorded node_facts answer in preflight, with these fields in its result."""
+    event = task_event(events, "runner_on_ok", "preflight", "torchherd.cluster.node_facts", host)
+    event["event_data"]["res"].update(res)
+    return event
+
+
 def test_phases_come_from_modules_and_roles(events):
     _, lines = fold(events)
     assert phase_lines(lines) == ["plan", "preflight", "sync", "firewall", "start", "watch",
@@ -430,36 +437,24 @@ def test_the_verify_cell_and_the_preflight_line_say_where_the_image_came_from(ev
     assert facts_cells("n1", dict(node, container=dict(pulled, pulled=False)))[2] == \
         "3.11.2 in image"
     progress = Progress()
-
-    def facts(host, container):
-        event = task_event(events, "runner_on_ok", "preflight", "torchherd.cluster.node_facts",
-                           host)
-        event["event_data"]["res"]["container"] = container
-        return event
-
-    assert progress.update(facts("n0", pulled)) == [
+    assert progress.update(facts_event(events, "n0", container=pulled)) == [
         "torchherd: n0: checked: image pulled in 41.3 s"]
-    assert progress.update(facts("n1", dict(pulled, pulled=False))) == [
+    found = dict(pulled, pulled=False)
+    assert progress.update(facts_event(events, "n1", container=found)) == [
         "torchherd: n1: checked: image found"]
-    assert Progress().update(facts("n1", dict(pulled, error="no runtime"))) == [
+    missing = dict(pulled, error="no runtime")
+    assert Progress().update(facts_event(events, "n1", container=missing)) == [
         "torchherd: n1: checked"]
 
 
 def test_a_nodes_preflight_says_whether_it_made_the_jobs_venv(events):
     progress = Progress()
-
-    def facts(host, venv):
-        event = task_event(events, "runner_on_ok", "preflight", "torchherd.cluster.node_facts",
-                           host)
-        event["event_data"]["res"]["venv"] = venv
-        return event
-
-    assert progress.update(facts("n0", {"made": True, "seconds": 8.04})) == [
+    assert progress.update(facts_event(events, "n0", venv={"made": True, "seconds": 8.04})) == [
         "torchherd: n0: checked: venv made in 8.0 s"]
-    assert progress.update(facts("n1", {"made": False, "seconds": 0.001})) == [
+    assert progress.update(facts_event(events, "n1", venv={"made": False, "seconds": 0.001})) == [
         "torchherd: n1: checked: venv reused"]
     fresh = Progress()
-    assert fresh.update(facts("n1", None)) == ["torchherd: n1: checked"]
+    assert fresh.update(facts_event(events, "n1", venv=None)) == ["torchherd: n1: checked"]
     # The note is the preflight line's: the job's own state does not carry it on.
     started = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
                          "n0", "start.yml")

@@ -49,32 +49,22 @@ class CallbackModule(CallbackBase):
         _append("TORCHHERD_TEST_RECORD", {"kind": "handler_task_start", "task": task.get_name(),
                                           "args": task.args})
 
-    def v2_runner_on_ok(self, result):
-        self._result("runner_on_ok", result)
 
-    def v2_runner_on_failed(self, result, ignore_errors=False):
-        self._result("runner_on_failed", result)
+# Every runner result, under its kind: "runner_on_ok" is what v2_runner_on_ok gets.
+RESULT_KINDS = (
+    "runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable",
+    "runner_on_async_ok", "runner_on_async_failed", "runner_item_on_ok",
+    "runner_item_on_failed", "runner_item_on_skipped", "runner_retry",
+)
 
-    def v2_runner_on_skipped(self, result):
-        self._result("runner_on_skipped", result)
 
-    def v2_runner_on_unreachable(self, result):
-        self._result("runner_on_unreachable", result)
+def _recorder(kind):
+    def record(self, result, *_args, **_kwargs):  # v2_runner_on_failed also gets ignore_errors
+        self._result(kind, result)
 
-    def v2_runner_on_async_ok(self, result):
-        self._result("runner_on_async_ok", result)
+    record.__name__ = f"v2_{kind}"
+    return record
 
-    def v2_runner_on_async_failed(self, result):
-        self._result("runner_on_async_failed", result)
 
-    def v2_runner_item_on_ok(self, result):
-        self._result("runner_item_on_ok", result)
-
-    def v2_runner_item_on_failed(self, result):
-        self._result("runner_item_on_failed", result)
-
-    def v2_runner_item_on_skipped(self, result):
-        self._result("runner_item_on_skipped", result)
-
-    def v2_runner_retry(self, result):
-        self._result("runner_retry", result)
+for _kind in RESULT_KINDS:
+    setattr(CallbackModule, f"v2_{_kind}", _recorder(_kind))

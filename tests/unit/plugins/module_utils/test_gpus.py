@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from nvidia_proc import INFORMATION, driver_dir
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
     APPS_ARGS,
@@ -28,31 +29,6 @@ SMI = ("0, GPU-5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d, NVIDIA H100 80GB HBM3, 8155
        "Enabled, Default\n"
        "1, GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d, NVIDIA H100 80GB HBM3, 81559, 570.124.06, "
        "Disabled, Exclusive_Process\n")
-# /proc/driver/nvidia/gpus/0000:18:00.0/information on the same kind of node.
-INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
-IRQ:   \t\t 163
-GPU UUID: \t GPU-5d6c7f6a-8a3e-2b1f-9c4d-1e2f3a4b5c6d
-Video BIOS: \t 96.00.99.00.01
-Bus Type: \t PCIe
-DMA Size: \t 52 bits
-DMA Mask: \t 0xfffffffffffff
-Bus Location: \t 0000:18:00.0
-Device Minor: \t 0
-GPU Excluded:\t No
-"""
-VERSION = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  "
-           "(dvs-builder@U16-I3-B03-4-3)  Tue Feb 25 04:08:58 UTC 2025\n"
-           "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
-
-
-def driver_dir(tmp_path, gpus):
-    """A recorded /proc/driver/nvidia: {bus: information content}."""
-    proc = tmp_path / "nvidia"
-    for bus, text in gpus.items():
-        (proc / "gpus" / bus).mkdir(parents=True)
-        (proc / "gpus" / bus / "information").write_text(text)
-    (proc / "version").write_text(VERSION)
-    return str(proc)
 
 
 def other(uuid, bus):

@@ -1,0 +1,72 @@
+"""What the integration tests share: the checkout's examples and result schema, the CLI as a
+user runs it, a wait for a condition with a deadline, and the checks that a job is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+# What --json prints: every command's one document validates against it.
+SCHEMA = json.loads((REPO / "driver" / "schema.json").read_text())
+# torchrun and the ranks of examples/allreduce.py.
+JOB_PROCS = r"torch\.distributed\.run|allreduce\.py"
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+    """predicate's first true value, asked every `interval` s and once more at the deadline, so
+    that a slow last ask still counts; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def assert_no_job_left(cluster: Any, pattern: str = JOB_PROCS,
+                       nodes: Iterable[Any] | None = None) -> None:
+    """No process whose command line matches `pattern` on the nodes (default: all of them)."""
+    for node in nodes or cluster.nodes:
+        assert cluster.pids(node, pattern) == [], f"a job process is left on {node.name}"
+
+
+def assert_failed_fast(run_dir: Path, cluster: Any, rank: int, exception: str, returned: float,
+                       label: str, job_procs: str = JOB_PROCS) -> None:
+    """Rank `rank` (on node 1) raised RuntimeError(exception): summary.json names node, rank and
+    exception, every node stopped within 10 s of it, the launch returned within 15 s, and
+    nothing is left."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    failed = summary["hosts"][cluster.nodes[1].name]
+    assert failed["state"] == "failed" and failed["failing_rank"] == rank, failed
+    assert failed["exception"] == f"RuntimeError: {exception}"
+    assert cluster.nodes[1].name in summary["reason"] and f"rank {rank}" in summary["reason"]
+    log = (run_dir / "nodes" / cluster.nodes[1].name / "node.log").read_text()
+    failed_at = float(re.search(rf"torchherd-fail rank={rank} t=([\d.]+)", log).group(1))
+    for node in cluster.nodes:
+        ended = summary["hosts"][node.name]["ended_at"]
+        assert ended - failed_at < 10, f"{node.name} ran {ended - failed_at:.1f} s on"
+    assert returned - failed_at < 15
+    assert_no_job_left(cluster, job_procs)
+    last_end = max(h["ended_at"] for h in summary["hosts"].values())
+    print(f"{label}: failure -> all stopped {last_end - failed_at:.1f} s, "
+          f"failure -> launch returned {returned - failed_at:.1f} s")
+
+
+def torchherd(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run to its end from the checkout, without the caller's Ansible settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    return subprocess.run([sys.executable, "-m", "driver", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
