@@ -8,7 +8,7 @@ demo:
 	$(PY) -m driver launch -i inventories/local.ini --code-src examples --nproc-per-node 2 -- allreduce.py
 
 test:
-	scripts/setup.sh --cluster
+	scripts/setup.sh --cluster-tools
 	scripts/test.sh
 
 # The quick loop: lint, unit tests and one real cluster launch.

@@ -16,10 +16,17 @@ if ! .venv/bin/python -c 'import torch, numpy; assert torch.__version__.startswi
 fi
 # Every runtime and test dependency is named here, so that a venv made before one was added
 # gets it too.
-if ! .venv/bin/python -c 'import driver, ansible_runner, argcomplete, pathspec, pytest, ruff, ansiblelint, molecule, jsonschema' 2>/dev/null; then
+if ! .venv/bin/python -c 'import driver, ansible_runner, argcomplete, pathspec, pytest, xdist, ruff, ansiblelint, molecule, jsonschema' 2>/dev/null; then
   .venv/bin/pip install -q -e '.[test]'
 fi
-if [ "${1:-}" = "--cluster" ]; then
-  scripts/install-system-deps.sh
-  .venv/bin/python -m tests.cluster.testbed build
-fi
+# --cluster: also the container tooling and the node image; --cluster-tools: the tooling only
+# (scripts/test.sh builds the image beside the lint and the unit tests).
+case "${1:-}" in
+  --cluster)
+    scripts/install-system-deps.sh
+    .venv/bin/python -m tests.cluster.testbed build
+    ;;
+  --cluster-tools)
+    scripts/install-system-deps.sh
+    ;;
+esac

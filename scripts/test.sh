@@ -1,21 +1,70 @@
 #!/usr/bin/env bash
 # The whole suite (default) or the quick loop (`quick`: lint, unit tests, one cluster launch).
-# Run through `make test` / `make check`, which install everything first.
+# Run through `make test` / `make check`, which install everything first (the node image is
+# built here, beside the lint and the unit tests, which need none).
+#
+# What does not disturb each other runs side by side, each into a log of its own that is
+# printed whole when it ends:
+#   1. lint | unit tests | the node image build
+#   2. the cluster tests (two pytest-xdist workers; tests/integration/conftest.py keeps the tests
+#      of one shared cluster, and those on this machine's own nodes, in one worker each)
+#      | the Molecule scenarios (clusters of their own, mol-*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 # On CI a missing container cluster must fail the run, not skip its tests.
 export TORCHHERD_REQUIRE_CLUSTER=1
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/torchherd-test.XXXXXX")
+declare -A PIDS=()
+FAILED=()
 
-echo "== lint (ruff, ansible-lint, python 3.8 check, ansible-test sanity)"
-scripts/lint.sh
-echo "== unit tests"
-python -m pytest -q tests/unit
+# start NAME COMMAND...: run COMMAND in the background, its output to $LOGS/NAME.log.
+start() {
+  local name=$1
+  shift
+  echo "== $name: started $(date +%T)"
+  "$@" >"$LOGS/$name.log" 2>&1 &
+  PIDS[$name]=$!
+}
+
+# finish NAME...: wait for each, print its log, remember a failure.
+finish() {
+  local name rc
+  for name in "$@"; do
+    rc=0
+    wait "${PIDS[$name]}" || rc=$?
+    echo "== $name: exit $rc at $(date +%T)"
+    cat "$LOGS/$name.log"
+    ((rc == 0)) || FAILED+=("$name (exit $rc)")
+  done
+}
+
+verdict() {
+  if ((${#FAILED[@]})); then
+    printf '== FAILED: %s\n' "${FAILED[@]}"
+    exit 1
+  fi
+}
+
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+
+start lint scripts/lint.sh
+start unit python -m pytest -q -p no:cacheprovider tests/unit
 if [ "${1:-}" = "quick" ]; then
+  finish lint unit
+  verdict
   python -m pytest -q tests/integration/test_launch.py -k three_nodes
   exit 0
 fi
-echo "== cluster tests"
-python -m pytest -q tests/integration --durations=30
-echo "== molecule"
-scripts/molecule.sh
+start image python -m tests.cluster.testbed build
+finish image unit lint
+verdict
+
+start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
+  --durations=30 --junitxml="$LOGS/cluster.xml" tests/integration
+start molecule scripts/molecule.sh
+finish cluster molecule
+if [ -s "$LOGS/cluster.xml" ]; then
+  python scripts/slowest.py "$LOGS/cluster.xml" 30 >tests/slowest.md
+fi
+verdict

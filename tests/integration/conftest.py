@@ -85,3 +85,43 @@ def make_cluster(node_image: str) -> Iterator[MakeCluster]:
             return testbed.up(name, n, subnet_index, extra=extra)
 
         yield make
+
+
+# Side by side (pytest-xdist, `--dist loadgroup`, as scripts/test.sh runs the suite):
+# - tests that share a session cluster run in one worker, or each worker would bring up its own
+#   copy under the same name and wait on the other's reservation;
+# - tests on this machine's own nodes (the embedded default's kind: loopback addresses, the
+#   default master port, /tmp/torchherd-local) run in one worker, one after the other, as they
+#   would collide side by side; so do the other tests of their modules, which then build the
+#   modules' fixtures (a wheel, a playbook run) once;
+# - every other test keeps its module's worker, where its module-scoped cluster lives.
+# Container clusters have networks of their own: groups of different clusters do not disturb
+# each other.
+SHARED_CLUSTERS = ("cluster3", "uneven")
+LOCAL_NODES_GROUP = "local-nodes"
+
+
+def _on_local_nodes(item: pytest.Item) -> bool:
+    # No container cluster in its fixtures: it runs on this machine's own nodes.
+    return "node_image" not in getattr(item, "fixturenames", ())
+
+
+def run_groups(items: Sequence[pytest.Item]) -> dict[str, str]:
+    """The xdist group of each collected test (by node id): see above."""
+    local_modules = {item.module for item in items if _on_local_nodes(item)}
+    groups = {}
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        shared = [name for name in SHARED_CLUSTERS if name in fixtures]
+        if shared:
+            groups[item.nodeid] = shared[0]
+        elif item.module in local_modules:
+            groups[item.nodeid] = LOCAL_NODES_GROUP
+        else:
+            groups[item.nodeid] = item.module.__name__
+    return groups
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item, group in zip(items, run_groups(items).values(), strict=True):
+        item.add_marker(pytest.mark.xdist_group(group))
