@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import itertools
 import re
 import sys
@@ -27,6 +26,9 @@ sys.path.insert(0, str(ROOT / "collection"))
 
 from ansible_collections.torchherd.cluster.plugins.filter import schedule as schedule_filter  # noqa: E402
 from ansible_collections.torchherd.cluster.plugins.module_utils import _rundir, _runstate  # noqa: E402
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.decisions import (  # noqa: E402
+    DECISIONS,
+)
 
 JOB_SPEC = COLLECTION / "roles" / "plan" / "meta" / "argument_specs.yml"
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -152,6 +154,13 @@ def _why_key(name, reasons):
     return ""
 
 
+def _rules():
+    """Each decision of the schedule's table, in the order they are made, with its rule (the
+    decision's docstring) and the `why` entry its reason goes to."""
+    return [[f"`{key}`", _text(decision.__doc__), f"`{why}`" if why else ""]
+            for key, decision, why in DECISIONS]
+
+
 def decisions():
     reasons = _reasons()
     readers = _readers()
@@ -159,8 +168,12 @@ def decisions():
             for name, description in _schedule_entries()]
     why_rows = [[f"`{key}`", "<br>".join(_text(r) for r in texts)]
                 for key, texts in reasons.items()]
-    return (_source_note("plugins/filter/schedule.py")
+    return (_source_note("plugins/filter/schedule.py",
+                         "plugins/plugin_utils/_schedule/decisions.py")
             + _table(["entry", "what it says", "why", "read in (tasks and plays)"], rows)
+            + "\nThe decisions, in the order they are made (each reads those above it), and the "
+              "rule each follows:\n\n"
+            + _table(["decision", "rule", "why"], _rules())
             + "\nThe reasons each `why` entry gives (over sample launches of 4 nodes with forks "
               "4 or 2; `IMAGE` and the counts stand for the launch's own):\n\n"
             + _table(["why", "reasons"], why_rows))
@@ -204,13 +217,16 @@ def job_keys():
 def rundir():
     paths = _rundir.run_paths("ROOT", "RUN_ID")
     base = paths.pop("dir")
-    read = set(re.findall(r'paths\["(\w+)"\]', inspect.getsource(_rundir.read_state)))
-    rows = [[f"`{key}`", f"`{path[len(base) + 1:]}`", "yes" if key in read else ""]
+    repeats = {name: field for field, name in _runstate.MARKERS.items()}
+    rows = [[f"`{key}`", f"`{path[len(base) + 1:]}`",
+             f"`job.{repeats[Path(path).name]}`" if Path(path).name in repeats
+             else ""]
             for key, path in paths.items()]
-    rows.append(["(`_runstate.RECORD`)", f"`{_runstate.RECORD}`", ""])
+    rows.append(["(`_runstate.RECORD`)", f"`{_runstate.RECORD}`",
+                 "(the record: `read_state` reads the job's state from it alone)"])
     return (_source_note("plugins/module_utils/_rundir.py", "plugins/module_utils/_runstate.py")
             + _table(["`run_paths` key", "file in `<root>/runs/<run_id>/`",
-                      "read by `read_state` (the job's state)"], rows))
+                      "the record's fact it repeats (`_runstate.MARKERS`)"], rows))
 
 
 BLOCKS = {"decisions": decisions, "job-keys": job_keys, "rundir": rundir}

@@ -1,5 +1,6 @@
 """The launch's schedule as a truth table over its inputs: forks against nodes, the barrier's
-setting, the hang watch, the rendezvous, detach, the interconnect check and the playbook."""
+setting, the hang watch, the rendezvous, detach, the interconnect check, the launcher, ssh or
+srun, and the playbook."""
 
 import itertools
 
@@ -20,8 +21,10 @@ def planned(barrier=True, **job):
     job.setdefault("script", "train.py")
     if job.get("rdzv") == "c10d":
         job.setdefault("nnodes", "2:4")
-    # The barrier's setting is the nodes' (an INI inventory gives it as a string).
-    hostvars = {h: {**hv, "torchherd_torchrun_barrier": "true" if barrier else "false"}
+    # The barrier's setting is the nodes' (an INI inventory gives it as a string); srun needs
+    # the nodes of a SLURM job.
+    slurm = {"torchherd_slurm_job_id": "42"} if job.get("spawn") == "srun" else {}
+    hostvars = {h: {**hv, **slurm, "torchherd_torchrun_barrier": "true" if barrier else "false"}
                 for h, hv in HOSTVARS.items()}
     return plan(job, GROUPS, hostvars, run_id="r1")
 
@@ -35,9 +38,11 @@ JOBS = {
     "detach": {"detach": True},
     "interconnect": {"interconnect": "always"},
 }
+LAUNCHERS_USED = ["torchrun", "accelerate"]
+SPAWNS = ["ssh", "srun"]
 
 
-def expected(forks, barrier, job, live=0):
+def expected(forks, barrier, job, live=0, spawn="ssh"):
     """The rules, written out once more the plain way, to hold the filter to them."""
     together = forks == "all"
     hang, elastic = "hang_timeout" in job, job.get("rdzv") == "c10d"
@@ -60,15 +65,21 @@ def expected(forks, barrier, job, live=0):
         "teardown": "none" if detach else "nodes_with_rules",
         # One wait speaks for the job: a live view gets word in its rounds, else the job's.
         "round": 0 if detach else live if live and alone and not hang else 3600,
-        # torchrun on the nodes themselves: its launcher starts ahead, whatever else.
-        "warm": True,
+        # A launcher on the nodes themselves starts ahead, whatever else; srun starts it anew.
+        "warm": spawn == "ssh",
+        "hang": hang and not detach,
+        "lost_fails": not elastic,
+        "spawn": dict.fromkeys(HOSTS, spawn),
     }
 
 
-@pytest.mark.parametrize("forks,barrier,kind,live",
-                         list(itertools.product(FORKS, [True, False], JOBS, [0, 5])))
-def test_truth_table(forks, barrier, kind, live):
-    s = schedule(planned(barrier, **JOBS[kind]), FORKS[forks], progress_every=live)
+# The plan refuses an elastic rendezvous for any launcher but torchrun.
+@pytest.mark.parametrize("forks,barrier,kind,live,launcher,spawn", [
+    row for row in itertools.product(FORKS, [True, False], JOBS, [0, 5], LAUNCHERS_USED, SPAWNS)
+    if row[2] != "elastic" or row[4] == "torchrun"])
+def test_truth_table(forks, barrier, kind, live, launcher, spawn):
+    job = dict(JOBS[kind], launcher=launcher, spawn=spawn)
+    s = schedule(planned(barrier, **job), FORKS[forks], progress_every=live)
     got = {
         "all_at_once": s["all_at_once"], "forks_ok": s["forks_ok"], "barrier": s["barrier"],
         "gang": s["gang"], "start_opens": s["firewall"]["start_opens"],
@@ -76,11 +87,13 @@ def test_truth_table(forks, barrier, kind, live):
         "stops_all": s["watch"]["stops_all"], "once": s["watch"]["once"],
         "if_gang_incomplete": s["watch"]["if_gang_incomplete"], "teardown": s["teardown"],
         "round": s["watch"]["round"], "warm": s["start"]["warm"],
+        "hang": s["watch"]["hang"], "lost_fails": s["watch"]["lost_fails"],
+        "spawn": s["spawn"],
     }
-    assert got == expected(forks, barrier, JOBS[kind], live)
+    assert got == expected(forks, barrier, JOBS[kind], live, spawn)
     # Every decision says why.
     assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart",
-                             "venv", "container", "start"}
+                             "venv", "container", "start", "hang", "lost_fails", "spawn"}
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -225,3 +238,17 @@ def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job(monkeypat
     assert "turned off (torchherd_torchrun_warm false)" in \
         off["a node leaves it off"]["why"]["start"]
     assert schedule(planned(), 4)["start"]["warm"]
+
+
+def test_spawn_auto_is_srun_on_the_nodes_of_a_slurm_job_alone():
+    # A spare is started as the node it stands in for would be.
+    hostvars = {h: dict(hv, **({"torchherd_slurm_job_id": "42"} if h in ("n1", "n3") else {}))
+                for h, hv in HOSTVARS.items()}
+    p = plan({"script": "t.py", "node_count": 3}, GROUPS, hostvars, run_id="r")
+    assert [n["host"] for n in p["spares"]] == ["n3"]
+    s = schedule(p, 4, hostvars=hostvars)
+    assert s["spawn"] == {"n0": "ssh", "n1": "srun", "n2": "ssh", "n3": "srun"}
+    assert "n1, n3" in s["why"]["spawn"]
+    # The job's own choice holds everywhere; without the inventory no node is in a SLURM job.
+    assert set(schedule(planned(spawn="ssh"), 4, hostvars=hostvars)["spawn"].values()) == {"ssh"}
+    assert set(schedule(p, 4)["spawn"].values()) == {"ssh"}
