@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ansible_collections.torchherd.cluster.plugins.filter.gate import host_identity
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.nccl import host_identity
 from driver import launch, verify
 from driver.api import Exit
 from tests.integration.helpers import EXAMPLES, JOB_PROCS

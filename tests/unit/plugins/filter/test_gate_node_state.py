@@ -228,8 +228,8 @@ def test_a_small_dev_shm_warns_with_more_than_one_process(tmp_path):
 
 def test_the_job_spec_offers_exactly_the_refusals_that_may_warn():
     """preflight_warn's choices (the job spec) and the gate's DOWNGRADABLE are one list."""
-    from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
     from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import DOWNGRADABLE
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import job_spec
 
     job_keys = job_spec()["torchherd_job"]["options"]
     assert sorted(job_keys["preflight_warn"]["choices"]) == sorted(DOWNGRADABLE)

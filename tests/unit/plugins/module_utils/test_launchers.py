@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from ansible_collections.torchherd.cluster.plugins.doc_fragments import _torchrun_job
-from ansible_collections.torchherd.cluster.plugins.filter.plan import job_spec
 from ansible_collections.torchherd.cluster.plugins.module_utils import _torchprobe
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import (
     LAUNCHERS,
     distributions,
     packages,
 )
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import job_spec
 
 STATIC = {"rdzv": "static"}
 

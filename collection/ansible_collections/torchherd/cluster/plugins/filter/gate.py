@@ -20,9 +20,6 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.common imp
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.interconnect import (
     interconnect_verdict,
 )
-from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.nccl import (  # noqa: F401
-    host_identity,  # tests/integration/test_preflight.py imports it from here
-)
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.network import (
     chosen_interfaces,
 )

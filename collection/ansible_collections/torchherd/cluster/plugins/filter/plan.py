@@ -257,7 +257,6 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import
     bound_problems,
     id_problems,
     job_name,
-    job_spec,  # noqa: F401 - the launchers' and the gate's tests read it from here
     launcher_problems,
     master_port_problems,
     normalize,

@@ -434,4 +434,3 @@ def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=
         result["error"] = (f"the start was called off: not every node reached {host}:{port} "
                            f"(and was reached back) within {window:g} s")
     return dict(result, go=go)
-

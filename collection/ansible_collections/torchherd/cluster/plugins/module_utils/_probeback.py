@@ -93,4 +93,3 @@ def back_error(back, address, seconds, close=True):
     return (f"the master could not open a connection to this node at {address} (as the job's "
             f"peers must: gloo and NCCL listen on every node, on ports the kernel picks): a "
             f"firewall on this node dropping them, or no way back to {address}")
-

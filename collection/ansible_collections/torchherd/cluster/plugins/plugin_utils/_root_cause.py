@@ -21,10 +21,10 @@ _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank\s*:\s*(\d+)\)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 # What a rank raises when a peer died first: a consequence, not the root cause.
 SECONDARY = re.compile(r"Connection closed by peer|Connection reset|Connection refused|"
-                        r"Broken pipe|SignalException|NCCL communicator was aborted|"
-                        r"ncclRemoteError|remote worker|gloo/transport|Gloo connectFullMesh|"
-                        r"Timed out|timed out|timeout|ProcessGroupGloo|DistBackendError|"
-                        r"DistNetworkError")
+                       r"Broken pipe|SignalException|NCCL communicator was aborted|"
+                       r"ncclRemoteError|remote worker|gloo/transport|Gloo connectFullMesh|"
+                       r"Timed out|timed out|timeout|ProcessGroupGloo|DistBackendError|"
+                       r"DistNetworkError")
 # torch prefixes every line a rank writes to stderr with "[rankN]:"; torchrun's --tee, "[defaultN]:".
 _PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+", re.MULTILINE)
 

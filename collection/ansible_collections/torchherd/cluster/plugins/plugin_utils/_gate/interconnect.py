@@ -32,4 +32,3 @@ def interconnect_verdict(hosts, hostvars, job, facts):
     verdict["reused"] = {"run_id": reused.get("run_id"), "at": reused.get("at")} \
         if reused.get("results") else None
     return verdict
-

@@ -59,4 +59,3 @@ def _table(head, rows):
     widths[-1] = 0
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*head).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
-
