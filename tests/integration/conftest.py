@@ -122,6 +122,8 @@ def run_groups(items: Sequence[pytest.Item]) -> dict[str, str]:
     return groups
 
 
+# Before xdist's own hook, which reads the groups into the tests' ids.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item, group in zip(items, run_groups(items).values(), strict=True):
         item.add_marker(pytest.mark.xdist_group(group))
