@@ -182,3 +182,22 @@ def test_code_already_there_counts_as_synced_only_where_the_launch_came_to_the_s
     assert node_results(["n0"], {"n0": node(False, True)})["n0"].get("sync") is None
     sent = dict(node(False, True), torchherd_sync={"transferred_files": 2, "transferred_bytes": 5})
     assert node_results(["n0"], {"n0": sent})["n0"]["sync"] == {"files": 2, "bytes": 5}
+
+
+def test_the_state_is_the_answer_that_read_the_node_last():
+    """The stop's answer carries the newest copy of the node's record: its state wins over the
+    watch's; a status that read the same record later (the node's clock) wins over both. A
+    later phase that got no answer marks the node unreachable, whatever answered before."""
+    node = watched(100.0, 100.0, 100.0)
+    node["torchherd_watch"]["record"] = {"seq": 4}
+    node["torchherd_stop"] = {"job_state": "stopped", "exit_code": -15, "checked_at": 90.0,
+                              "record": {"seq": 5}}
+    assert node_results(["n0"], {"n0": node})["n0"]["job_state"] == "stopped"
+    node["torchherd_status"] = {"job_state": "stopped", "exit_code": -15, "checked_at": 120.0,
+                                "last_line": "read later", "record": {"seq": 5}}
+    assert node_results(["n0"], {"n0": node})["n0"]["last_line"] == "read later"
+    node = watched(100.0, 100.0, 100.0, state="running")
+    node["torchherd_stop"] = {"unreachable": True, "msg": "ssh: timed out\nmore"}
+    result = node_results(["n0"], {"n0": node})["n0"]
+    assert (result["job_state"], result["unreachable"], result["error"]) == (
+        "running", True, "ssh: timed out")

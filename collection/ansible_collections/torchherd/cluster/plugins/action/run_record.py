@@ -10,6 +10,8 @@ import time
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+
 _ARGS = {
     "run_dir": {"type": "path", "required": True},
     "claim": {"type": "bool", "default": False},
@@ -41,11 +43,8 @@ class ActionModule(ActionBase):
             if self._task.check_mode:
                 continue
             os.makedirs(os.path.dirname(written[-1]), mode=0o755, exist_ok=True)
-            part = f"{written[-1]}.part.{os.getpid()}"
-            with open(part, "w", encoding="utf-8") as handle:
-                handle.write(content if isinstance(content, str) else str(content))
-            os.chmod(part, 0o644)
-            os.replace(part, written[-1])
+            write_atomic(written[-1], content if isinstance(content, str) else str(content),
+                         mode=0o644)
         if not self._task.check_mode:
             os.makedirs(run_dir, mode=0o755, exist_ok=True)
         result.update(changed=bool(written) or args["claim"], run_dir=run_dir, files=written,

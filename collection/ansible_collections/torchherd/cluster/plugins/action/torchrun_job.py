@@ -33,6 +33,8 @@ from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.vars import merge_hash
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+
 
 class HangWatch:
     """The job's hang watch across nodes, in files of the run directory on the controller (every
@@ -72,10 +74,8 @@ class HangWatch:
                   "quiet_since": last if activity.get("quiet") else 0,
                   "last": None if last is None else last + offset}
         os.makedirs(self.dir, exist_ok=True)
-        tmp = os.path.join(self.dir, f".{self.host}.{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, os.path.join(self.dir, f"{self.host}.json"))
+        # Read by its host's name alone (_read): the file in the making is never taken.
+        write_atomic(os.path.join(self.dir, f"{self.host}.json"), json.dumps(record))
         state = "quiet" if record["quiet"] else "active"
         if activity.get("hung") or os.path.exists(self.hung_file):
             state = "hung"

@@ -15,6 +15,10 @@ description:
   - Reads C(torchherd_node) (its node_rank), C(torchherd_start), C(torchherd_watch), C(torchherd_status),
     C(torchherd_stop) and C(torchherd_collect_logs) from each host's variables and returns plain
     data for C(torchherd.cluster.run_summary).
+  - The job's state is the one of the answer that read the node's job last, the one with the
+    newest copy of its run-state record (then the node's clock, then the later phase); a
+    later phase's task that got no answer, or failed, marks the node unreachable, or gives its
+    error.
   - A node lost while its job ran (C(lost) of C(torchherd.cluster.run_state), where the master's
     gang lost it) counts as unreachable (the launch did not try it again); its C(lost_at) is
     when the master saw its link close, on the controller's clock (null for other nodes).
@@ -73,7 +77,8 @@ _value:
   type: dict
 """
 
-_KEYS = ("torchherd_stop", "torchherd_watch", "torchherd_status", "torchherd_start")
+# The answers of torchrun_job on the node's job, in the order of the launch's phases.
+_PHASES = ("torchherd_start", "torchherd_status", "torchherd_watch", "torchherd_stop")
 
 
 def _plain(value):
@@ -92,6 +97,15 @@ def _shifted(at, offset):
     return at if at is None or offset is None else round(float(at) - offset, 3)
 
 
+def _read_last(answers):
+    """The index in _PHASES of the answer that read the node's job last, or -1 where none
+    did: the newest copy of the node's record it carries (its seq), then the node's own clock
+    (checked_at), then the later phase."""
+    read = [(int(_plain(res.get("record")).get("seq") or 0), float(res.get("checked_at") or 0),
+             index) for index, res in enumerate(answers) if res.get("job_state")]
+    return max(read)[2] if read else -1
+
+
 def node_results(hosts, hostvars, nodes_dir=""):
     out = {}
     states = run_state(hosts, hostvars, nodes_dir)
@@ -101,25 +115,26 @@ def node_results(hosts, hostvars, nodes_dir=""):
                  "exit_code": None, "unreachable": False, "error": None, "last_line": "",
                  "started_at": None, "ended_at": None, "checked_at": None, "clock_offset": None,
                  "logs_fetched": False}
-        # The latest word on the job wins: stop, then watch, then status, then start.
-        for key in _KEYS:
-            res = _plain(hv.get(key))
+        # The job's state as the node answered it last; an answer of a later phase without
+        # one (no answer over SSH, a failed task) says what came after.
+        answers = [_plain(hv.get(key)) for key in _PHASES]
+        last = _read_last(answers)
+        for res in reversed(answers[last + 1:]):
             if res.get("unreachable"):
                 entry["unreachable"] = True
                 entry["error"] = (res.get("msg") or "unreachable").strip().splitlines()[0]
-                continue
-            if res.get("job_state"):
-                # The node's times on the controller's clock: nodes' clocks may be minutes
-                # apart, and the first node to fail is found by comparing them.
-                offset = _clock_offset(res)
-                entry.update(job_state=res["job_state"], exit_code=res.get("exit_code"),
-                             last_line=res.get("last_line") or "",
-                             started_at=_shifted(res.get("started_at"), offset),
-                             ended_at=_shifted(res.get("ended_at"), offset),
-                             checked_at=res.get("checked_at"), clock_offset=offset)
-                break
-            if res.get("failed"):
+            elif res.get("failed"):
                 entry["error"] = str(res.get("msg"))[:500]
+        if last >= 0:
+            res = answers[last]
+            # The node's times on the controller's clock: nodes' clocks may be minutes
+            # apart, and the first node to fail is found by comparing them.
+            offset = _clock_offset(res)
+            entry.update(job_state=res["job_state"], exit_code=res.get("exit_code"),
+                         last_line=res.get("last_line") or "",
+                         started_at=_shifted(res.get("started_at"), offset),
+                         ended_at=_shifted(res.get("ended_at"), offset),
+                         checked_at=res.get("checked_at"), clock_offset=offset)
         # When a rank first said something there (the record's; the node's clock), and in each
         # attempt where torchrun restarts the workers itself; whether a standby took part.
         job = _plain(states[host]["record"].get("job"))

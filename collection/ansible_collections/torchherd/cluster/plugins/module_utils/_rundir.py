@@ -15,13 +15,14 @@ import select
 import signal
 import time
 
-# write_atomic is imported from here too, with the run directory's other helpers.
-from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import (
-    write_atomic as write_atomic,
-)
 from ansible_collections.torchherd.cluster.plugins.module_utils._proc import (
     proc_start_time,
     read_stat,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    MARKERS,
+    job_state,
+    read_record,
 )
 
 MARKER = "TORCHHERD_RUN"
@@ -31,13 +32,15 @@ def run_paths(root, run_id):
     run_dir = os.path.join(os.path.expanduser(root), "runs", run_id)
     return {
         "dir": run_dir,
+        # These six repeat facts of the run-state record's job section (_runstate's MARKERS:
+        # written with them by note_job, read by nothing here but legacy_job).
         "pid": os.path.join(run_dir, "pid"),
-        # The supervisor that waits for torchrun and writes exit_code (it has no marker).
+        # The supervisor that waits for torchrun and writes its end (it has no marker).
         "supervisor": os.path.join(run_dir, "supervisor"),
         "exit_code": os.path.join(run_dir, "exit_code"),
         "stopped": os.path.join(run_dir, "stopped"),
         "timed_out": os.path.join(run_dir, "timed_out"),
-        # Written where the node waited as a standby the job did not need (_supervisor).
+        # Where the node waited as a standby the job did not need (_supervisor).
         "standby": os.path.join(run_dir, "standby"),
         "log": os.path.join(run_dir, "node.log"),
         "cmd": os.path.join(run_dir, "cmd.json"),
@@ -110,45 +113,70 @@ def all_runs_with_processes():
     return runs
 
 
-def _alive(pid_file):
-    """Whether the process named in a "pid start-time" file still runs (running)."""
-    pid, _sep, start = (read_text(pid_file) or "").partition(" ")
-    return pid.isdigit() and running(int(pid), start)
+def alive(process):
+    """Whether a process the record names ({"pid", "start"}) still runs (running)."""
+    return running(int(process["pid"]), process["start"])
+
+
+def recorded_job(run_dir):
+    """The job section of the run's record in `run_dir` (a node's, or collect's copy of it).
+    A run directory an earlier version wrote has no `supervisor` there: its marker files
+    (legacy_job) give the facts then, over what its record has."""
+    job = read_record({"dir": run_dir}).get("job") or {}
+    return job if "supervisor" in job else dict(job, **legacy_job(run_dir))
+
+
+def legacy_job(run_dir):
+    """Backward compatibility, for run directories written before the record held the job's
+    state (a run started before an upgrade, its status, stop and prune after it): the job
+    facts from their marker files (see _runstate's MARKERS), the start and end times from
+    meta.json, an end time written by nobody from the exit code file's change time."""
+    job = {}
+    for field, name in MARKERS.items():
+        text = read_text(os.path.join(run_dir, name))
+        if text is None:
+            continue
+        if field in ("launcher", "supervisor"):
+            pid, _sep, start = text.partition(" ")
+            if pid.isdigit():
+                job[field] = {"pid": int(pid), "start": start}
+        elif field == "exit_code":
+            if text.lstrip("-").isdigit():
+                job[field] = int(text)
+        else:
+            job[field] = _number(text)
+    meta = load_json(os.path.join(run_dir, "meta.json"), {})
+    job.update({key: meta[key] for key in ("started_at", "ended_at") if key in meta})
+    if "exit_code" in job and job.get("ended_at") is None:
+        try:
+            job["ended_at"] = os.path.getmtime(os.path.join(run_dir, MARKERS["exit_code"]))
+        except OSError:
+            pass
+    return job
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text  # an empty marker: its presence was the fact
 
 
 def read_state(paths):
-    """State of the job on this node: absent, running, succeeded, failed, stopped, timed_out,
-    standby (it waited for a lost node the job did not lose), lost."""
-    pid_text = read_text(paths["pid"])
-    if pid_text is None:
-        # A start in the background: its supervisor waits at the barrier before the launcher.
-        if _alive(paths["supervisor"]) and read_text(paths["exit_code"]) is None:
-            return {"state": "running", "pid": None, "exit_code": None}
-        if read_text(paths["pid"]) is not None:
-            return read_state(paths)  # its supervisor wrote it (and maybe ended) since the look
-        return {"state": "absent", "pid": None, "exit_code": None}
-    pid, _sep, start = pid_text.partition(" ")
-    pid = int(pid)
-    code_text = read_text(paths["exit_code"])
-    if code_text is not None:
-        code = int(code_text)
-        if os.path.exists(paths["stopped"]):
-            state = "stopped"
-        elif os.path.exists(paths["timed_out"]):
-            state = "timed_out"
-        elif os.path.exists(paths["standby"]):
-            state = "standby"
-        else:
-            state = "succeeded" if code == 0 else "failed"
-        return {"state": state, "pid": pid, "exit_code": code}
-    if running(pid, start) or job_pids(paths["dir"]) or _alive(paths["supervisor"]):
-        # Also when torchrun just ended and its supervisor is writing the exit code.
-        return {"state": "running", "pid": pid, "exit_code": None}
-    if read_text(paths["exit_code"]) is not None:
-        # The supervisor wrote the exit code and ended between the first look and these.
-        return read_state(paths)
-    # The supervisor died without writing an exit code (node rebooted, OOM killer, kill -9).
-    return {"state": "lost", "pid": pid, "exit_code": None}
+    """State of the job on this node (absent, running, succeeded, failed, stopped, timed_out,
+    standby, lost: _runstate's job_state), from its run-state record alone."""
+    job = recorded_job(paths["dir"])
+    for _look in range(3):
+        state = job_state(job, alive, lambda: bool(job_pids(paths["dir"])))
+        if state["state"] not in ("absent", "lost"):
+            return state
+        # The supervisor may have written the launcher's pid, or its end, and gone during
+        # the looks at the processes: a record that changed since is read again.
+        again = recorded_job(paths["dir"])
+        if again == job:
+            return state
+        job = again
+    return state
 
 
 # Once the workers are gone, the launcher (torchrun, or the wrapper) holds nothing of the
@@ -242,20 +270,27 @@ def last_line(path):
     return lines[-1] if lines else ""
 
 
+def stop_asked(paths):
+    """Whether a stop of the job here began (the record's stopped_at)."""
+    return recorded_job(paths["dir"]).get("stopped_at") is not None
+
+
 def supervisor_alive(paths):
     """Whether the job's supervisor still runs (on the master: until every node of the gang
     said its launcher ended, see _gang)."""
-    return _alive(paths["supervisor"])
+    supervisor = recorded_job(paths["dir"]).get("supervisor")
+    return supervisor is not None and alive(supervisor)
 
 
-def sleep_until_gone(paths, seconds, which="pid"):
-    """Sleep until torchrun (or its wrapper; `which` "supervisor": the supervisor) exits, or
-    for `seconds`.
+def sleep_until_gone(paths, seconds, which="launcher"):
+    """Sleep until torchrun (or its wrapper; `which` "supervisor": the supervisor, as the
+    record names them) exits, or for `seconds`.
 
     A pidfd turns readable when the process exits, so a job watched for days costs the node
     nothing; without one (Python 3.8, kernels before 5.3), or once the process is gone and the
     supervisor is still writing the exit code, this sleeps a fraction of a second."""
-    pid, _sep, start = (read_text(paths[which]) or "").partition(" ")
+    process = recorded_job(paths["dir"]).get(which) or {}
+    pid, start = str(process.get("pid", "")), process.get("start")
     pidfd_open = getattr(os, "pidfd_open", None)
     fd = None
     if pid.isdigit() and pidfd_open is not None:

@@ -14,16 +14,16 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._proc import rea
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
     load_json,
-    read_text,
+    recorded_job,
     terminate,
-    write_atomic,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_job
 
 
 def stop(paths, pid, grace):
     """Ends the job whose torchrun (or wrapper) is `pid` (None if it never started); returns
     the pids that needed SIGKILL."""
-    write_atomic(paths["stopped"], f"{time.time()}\n")
+    note_job(paths, stopped_at=time.time())
     if pid and load_json(paths["meta"], {}).get("wrapper"):
         _stop_wrapped(paths["dir"], pid, grace)
     killed = terminate(paths["dir"], pid, grace) if pid else []
@@ -37,13 +37,17 @@ def stop(paths, pid, grace):
         # Its processes are gone (they carry the marker); a container whose runtime did not
         # see its end (its monitor killed with it) goes now.
         remove(container, container["name"])
-    # The supervisor writes the exit code once torchrun is reaped.
+    # The supervisor writes the end once torchrun is reaped; one that is gone never will.
     deadline = time.monotonic() + 5
-    while read_text(paths["exit_code"]) is None and time.monotonic() < deadline:
+    while _unended(paths) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if read_text(paths["exit_code"]) is None:
-        write_atomic(paths["exit_code"], f"{-signal.SIGKILL}\n")
+    if _unended(paths):
+        note_job(paths, exit_code=-signal.SIGKILL, ended_at=time.time())
     return killed
+
+
+def _unended(paths):
+    return recorded_job(paths["dir"]).get("exit_code") is None
 
 
 def _stop_wrapped(run_dir, wrapper_pid, grace):

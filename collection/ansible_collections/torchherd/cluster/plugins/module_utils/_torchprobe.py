@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import (
     HEALTH,
     gpu_files,
@@ -191,10 +192,7 @@ def cached_probe(python, timeout, root, max_age, driver=_UNREAD, container=None,
         entries[name] = {"key": key, "at": time.time(), "python": py, "torch": torch}
         try:
             os.makedirs(root, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(entries, handle)
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(entries))
         except OSError:
             pass  # a read-only root only costs the next launch another probe
     return py, dict(torch, cached=False)

@@ -130,10 +130,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
-    run_paths,
-    write_atomic,
-)
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import run_paths
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import (
     StacksError,
     collect,

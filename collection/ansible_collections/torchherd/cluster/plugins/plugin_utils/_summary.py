@@ -15,7 +15,12 @@ import os
 import re
 import time
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import last_line
+from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    last_line,
+    recorded_job,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import ended_state
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause import (
     SECONDARY,
     failed_before_stop,
@@ -88,16 +93,15 @@ def _host_entry(run_dir, plan, node, res, previous):
         # The node's run directory, fetched after this result, may know better: a job
         # stopped (the gang stop after a hang) or ended since, or a node the watch did not
         # wait on (the master's gang spoke for it).
-        ended = _ended_state(node_dir)
+        job = recorded_job(node_dir)
+        ended = ended_state(job)
         if ended:
-            meta = read_json(os.path.join(node_dir, "meta.json")) or {}
             # On the controller's clock, as the results' times are (node_results).
-            ended_at, offset = meta.get("ended_at"), entry["clock_offset"]
+            ended_at, offset = job.get("ended_at"), entry["clock_offset"]
             if ended_at is not None and offset is not None:
                 ended_at = round(float(ended_at) - float(offset), 3)
-            entry.update(state=ended, exit_code=int(read_tail(os.path.join(
-                node_dir, "exit_code")).strip()), ended_at=ended_at,
-                started_at=entry["started_at"] or meta.get("started_at"),
+            entry.update(state=ended, exit_code=int(job["exit_code"]), ended_at=ended_at,
+                started_at=entry["started_at"] or job.get("started_at"),
                 last_line=last_line(os.path.join(node_dir, "node.log")))
             state = ended
     if state == "stopped" and failed_before_stop(node_dir):
@@ -257,20 +261,6 @@ def standby_incidents(hosts):
     return incidents
 
 
-def _ended_state(node_dir):
-    """The job's end as the node's collected run directory records it, or None."""
-    code = read_tail(os.path.join(node_dir, "exit_code")).strip()
-    if not code.lstrip("-").isdigit():
-        return None
-    if os.path.exists(os.path.join(node_dir, "stopped")):
-        return "stopped"
-    if os.path.exists(os.path.join(node_dir, "timed_out")):
-        return "timed_out"
-    if os.path.exists(os.path.join(node_dir, "standby")):
-        return "standby"
-    return "succeeded" if int(code) == 0 else "failed"
-
-
 def overall_hung(hosts, declared_at):
     """A job declared hung stays hung whatever its nodes say after (stopped, left running, or
     failed as the stop of their peers closed their connections), unless it succeeded on every
@@ -363,8 +353,5 @@ def write_summary(run_dir, plan, results, marks):
         summary = summarize(run_dir, plan, results, marks, previous)
         merged = os.path.join(run_dir, "merged.log")
         summary["merged_log"] = merged if merge_logs(run_dir, plan, merged) else None
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(summary, handle, indent=2, sort_keys=True)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(summary, indent=2, sort_keys=True))
     return summary, table(summary), path

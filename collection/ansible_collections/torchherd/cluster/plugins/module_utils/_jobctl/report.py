@@ -5,13 +5,13 @@ module (state=status is this alone)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     last_line,
     load_json,
     read_state,
+    recorded_job,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
 
@@ -19,13 +19,12 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import
 def report(paths, changed=False, **extra):
     """The job's state here, for every state of the module: the result's fields."""
     state = read_state(paths)
+    # The answer's meta: the run's description with the record's times, as the node kept
+    # them in meta.json before the record held them.
+    job = recorded_job(paths["dir"])
     meta = load_json(paths["meta"], {})
-    if state["exit_code"] is not None and not meta.get("ended_at"):
-        # An exit code written by stop for a supervisor that never finished.
-        try:
-            meta["ended_at"] = os.path.getmtime(paths["exit_code"])
-        except OSError:
-            pass
+    meta.update({key: job[key] for key in ("started_at", "ended_at")
+                 if job.get(key) is not None})
     return dict(changed=changed, job_state=state["state"], pid=state["pid"],
                 exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
                 last_line=last_line(paths["log"]), meta=meta,

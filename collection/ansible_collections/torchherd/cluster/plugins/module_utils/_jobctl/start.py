@@ -83,7 +83,6 @@ def start(module, p, paths):
     for section in ("firewall", "barrier"):
         if seen[section]:
             record(paths, section, **seen[section])
-    record(paths, "job", started_at=started_at, pid=state["pid"], restart=p["restart"])
     extra = dict(opened, probe=probe) if probe is not None else opened
     return dict(changed=True, started=True, job_state=state["state"], pid=state["pid"],
                 exit_code=state["exit_code"], cmd=argv, run_dir=paths["dir"],

@@ -6,7 +6,6 @@ preflight started ahead for a run that never started here."""
 from __future__ import annotations
 
 import os
-import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.report import report
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
@@ -31,5 +30,5 @@ def stop(module, p, paths):
         # started ahead (_warm), which goes now.
         return report(paths, changed=True, killed=dismiss(paths["dir"]))
     killed = stop_job(paths, state["pid"], p["grace"])
-    record(paths, "job", stopped_at=time.time(), killed=killed)
+    record(paths, "job", killed=killed)
     return report(paths, changed=True, killed=killed)

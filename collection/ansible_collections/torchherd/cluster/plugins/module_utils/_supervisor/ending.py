@@ -6,14 +6,12 @@ gang."""
 
 from __future__ import annotations
 
-import json
 import time
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
 from ansible_collections.torchherd.cluster.plugins.module_utils._container import remove
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import load_json
-from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_job
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.firewall import (
     close_start_rules,
 )
@@ -40,12 +38,8 @@ def finish(paths, code, running, gang, meeting, warm, close):
     if close is not None:
         close_start_rules(close, paths)
     _remove_container(paths)
-    # ended_at first: whoever sees the exit code must find the end time too.
-    meta = load_json(paths["meta"], {})
-    meta["ended_at"] = time.time()
-    write_atomic(paths["meta"], json.dumps(meta))
-    record(paths, "job", exit_code=code, ended_at=meta["ended_at"])
-    write_atomic(paths["exit_code"], f"{code}\n")
+    # One write: whoever sees the exit code finds the end time too.
+    note_job(paths, exit_code=code, ended_at=time.time())
     # The others hear of this end once it is on disk here; the master stays for theirs.
     if isinstance(gang, Master):
         gang.own_exit(code, meeting["name"])

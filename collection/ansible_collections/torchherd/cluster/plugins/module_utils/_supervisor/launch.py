@@ -15,7 +15,8 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._container impor
     runtime_env,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import read_text
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import recorded_job
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.command import (
     container_env_names,
     job_env,
@@ -52,7 +53,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
     write_atomic(paths["cmd"], json.dumps(argv))
     write_atomic(paths["env"], json.dumps(shown, indent=1, sort_keys=True))
     started_at = time.time()
-    meta = dict(p["meta"], started_at=started_at)
+    # The run's own description; its times are the record's.
+    meta = dict(p["meta"])
     if p["wrapper"]:
         meta["wrapper"] = p["wrapper"]  # stop needs to know (see _stop)
     if p.get("standby") is not None:
@@ -64,6 +66,7 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
             "image": p["container"]["image"], "id": p["container"]["id"],
             "name": container_name(p["run_id"], p["node_rank"], p["restart"])}
     write_atomic(paths["meta"], json.dumps(meta))
+    record(paths, "job", started_at=started_at, restart=p.get("restart"))
 
     background = bool((p.get("barrier") or {}).get("background"))
     meeting = meeting_of(p) if background or gang else None
@@ -85,8 +88,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
     # In the background the barrier may take its whole window, and a standby waits its delay:
     # the supervisor is the job then.
     later = background or float((p.get("standby") or {}).get("delay") or 0) > 0
-    wanted = paths["supervisor"] if later else paths["pid"]
+    wanted = "supervisor" if later else "launcher"
     deadline = time.monotonic() + 10
-    while read_text(wanted) is None and time.monotonic() < deadline:
+    while wanted not in recorded_job(paths["dir"]) and time.monotonic() < deadline:
         time.sleep(0.02)
     return started_at

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import load_json
-from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    load_json,
+    stop_asked,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_job
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.nodelog import say
 
 
@@ -24,9 +26,9 @@ def wait_standby(paths):
     say(f"standby: the launcher starts in {standby['delay']:g} s, once the job's nodes "
         f"have joined torchrun's rendezvous; it waits there for a node the job loses")
     until = time.monotonic() + standby["delay"]
-    while time.monotonic() < until and not os.path.exists(paths["stopped"]):
+    while time.monotonic() < until and not stop_asked(paths):
         time.sleep(0.1)
-    return not os.path.exists(paths["stopped"])
+    return not stop_asked(paths)
 
 
 def workers_started(torchrun_logs):
@@ -40,17 +42,17 @@ def standby_end(paths, code):
     """The exit code the node reports, for a job whose restarts are torchrun's (meta's
     standby). A node whose launcher ended without ever starting workers waited in torchrun's
     rendezvous as a standby the job did not need: torchrun ends it with an error once the
-    rendezvous closes or its master is gone. That end is recorded (the "standby" file, and the
-    record's job.standby with the launcher's own code) and reported as 0: no failure for
-    the gang or the summary. A stopped node stays stopped."""
+    rendezvous closes or its master is gone. That end is recorded (the record's
+    job.standby with the launcher's own code, and standby_unneeded_at) and reported as 0: no
+    failure for the gang or the summary. A stopped node stays stopped."""
     meta = load_json(paths["meta"], {})
-    if meta.get("standby") is None or os.path.exists(paths["stopped"]):
+    if meta.get("standby") is None or stop_asked(paths):
         return code
     used = workers_started(paths["torchrun_logs"])
-    record(paths, "job", standby={"used": used, "launcher_exit": code})
-    if used or code == 0:
-        return code
-    say(f"standby: not needed (the launcher ended with exit code {code} without starting "
-        f"workers: the job's rendezvous closed)")
-    write_atomic(paths["standby"], f"{time.time()}\n")
-    return 0
+    said = {"standby": {"used": used, "launcher_exit": code}}
+    if not (used or code == 0):
+        say(f"standby: not needed (the launcher ended with exit code {code} without starting "
+            f"workers: the job's rendezvous closed)")
+        said["standby_unneeded_at"] = time.time()
+    note_job(paths, **said)
+    return code if "standby_unneeded_at" not in said else 0

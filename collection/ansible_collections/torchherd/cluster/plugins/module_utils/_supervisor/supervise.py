@@ -11,9 +11,12 @@ import subprocess
 import threading
 import time
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
 from ansible_collections.torchherd.cluster.plugins.module_utils._proc import proc_start_time
-from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import terminate
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    stop_asked,
+    terminate,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_job
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._stop import stop
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.ending import finish
@@ -54,11 +57,11 @@ def supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, r
 
     def stop_here(why):
         """The gang's stop: this node's job, as stop would (only while it runs)."""
-        if not os.path.exists(paths["stopped"]):
+        if not stop_asked(paths):
             say(f"stopping: {why}")
         proc = running.get("proc")
         if proc is None:
-            write_atomic(paths["stopped"], f"{time.time()}\n")  # before the start: none
+            note_job(paths, stopped_at=time.time())  # before the start: none
         elif proc.poll() is None:
             stop(paths, proc.pid, grace)
 
@@ -67,14 +70,14 @@ def supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, r
             gang = join(meeting, met.get("sock"), met.get("port"), stop_here, paths)
         elif meeting is not None:
             gang, why = meet(meeting, paths, stop_here)
-            if gang is None or os.path.exists(paths["stopped"]):
+            if gang is None or stop_asked(paths):
                 raise CalledOff(why or "stopped before the start")
         if not wait_standby(paths):
             raise CalledOff("stopped before the start")
         said_before = os.fstat(1).st_size  # the node log: what follows is the launcher's
         proc = _start_launcher(argv, env, cwd, paths, stdin, warm)
         running["proc"] = proc
-        write_atomic(paths["pid"], _pid_line(proc.pid))
+        _launcher_is(paths, proc.pid)
         # Where torchrun restarts the workers itself, each attempt's first output too.
         running["first_output"] = threading.Thread(target=first_output, daemon=True, args=(
             proc, paths, paths["torchrun_logs"] if rank_logs else None, said_before),
@@ -90,11 +93,11 @@ def supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, r
         why = str(exc)  # the barrier's own words may say it already
         say(why if why.startswith("the start was called off") else
             f"the start was called off: {why}")
-        write_atomic(paths["pid"], _pid_line(os.getpid()))
+        _launcher_is(paths, os.getpid())
         code = 1
     except OSError as exc:
         say(f"cannot start torchrun: {exc}")
-        write_atomic(paths["pid"], _pid_line(os.getpid()))
+        _launcher_is(paths, os.getpid())
     finally:
         finish(paths, code, running, gang, meeting, warm, close)
         os._exit(0)
@@ -105,7 +108,7 @@ def _detach(paths, meeting):
     node log for its output, and none of the files the module had open but the master's gang
     socket from the barrier in the start's own call; that gang's way in ("met"), if any."""
     os.setsid()
-    write_atomic(paths["supervisor"], _pid_line(os.getpid()))
+    note_job(paths, supervisor=_process(os.getpid()))
     devnull = os.open(os.devnull, os.O_RDWR)
     log = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     os.dup2(devnull, 0)
@@ -147,12 +150,18 @@ def _wait(proc, paths, timeout, grace):
     try:
         return proc.wait(timeout=timeout or None)
     except subprocess.TimeoutExpired:
-        write_atomic(paths["timed_out"], f"{time.time()}\n")
+        note_job(paths, timed_out_at=time.time())
         say(f"job timed out after {timeout} s; stopping it")
         terminate(paths["dir"], proc.pid, grace)
         return proc.wait()
 
 
-def _pid_line(pid):
-    """A "pid start-time" file's content (see _rundir's running)."""
-    return f"{pid} {proc_start_time(pid)}"
+def _process(pid):
+    """A process as the record names it: its pid and start time (see _rundir's running)."""
+    return {"pid": pid, "start": proc_start_time(pid)}
+
+
+def _launcher_is(paths, pid):
+    """The launcher's process in the record (the supervisor's own where none started: the
+    job's end is then its)."""
+    note_job(paths, launcher=_process(pid), pid=pid)
