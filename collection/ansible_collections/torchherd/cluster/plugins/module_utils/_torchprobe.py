@@ -250,4 +250,3 @@ def probe_torch(python, timeout, nvml=False, prefix=()):
         return {"path": python, "version": None, "error": err}, {"version": None, "error": err}
     out["python"].update(executable=python, error=None)
     return out["python"], out["torch"]
-

@@ -101,8 +101,8 @@ def _host_entry(run_dir, plan, node, res, previous):
             if ended_at is not None and offset is not None:
                 ended_at = round(float(ended_at) - float(offset), 3)
             entry.update(state=ended, exit_code=int(job["exit_code"]), ended_at=ended_at,
-                started_at=entry["started_at"] or job.get("started_at"),
-                last_line=last_line(os.path.join(node_dir, "node.log")))
+                         started_at=entry["started_at"] or job.get("started_at"),
+                         last_line=last_line(os.path.join(node_dir, "node.log")))
             state = ended
     if state == "stopped" and failed_before_stop(node_dir):
         # Its own rank raised before the gang's stop reached it (another node's peers,

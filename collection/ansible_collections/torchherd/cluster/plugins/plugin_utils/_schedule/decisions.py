@@ -366,7 +366,7 @@ def decide(c):
     s, why = {}, {}
     for key, decision, why_key in DECISIONS:
         value, reason = decision(c, s)
-        section, _, entry = key.rpartition(".")
+        section, entry = key.rpartition(".")[::2]
         (s[section] if section else s)[entry] = value
         if why_key:
             why[why_key] = reason
