@@ -127,3 +127,17 @@ def run_groups(items: Sequence[pytest.Item]) -> dict[str, str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item, group in zip(items, run_groups(items).values(), strict=True):
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker of a --dist loadgroup run, every test's id carries its group, or the
+    groups above are not kept and the shared clusters would be wanted by two workers at once
+    (one waiting on the other's reservation for the whole run)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not session.config.getvalue("loadgroup"):
+        return
+    ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"pytest-xdist did not take the tests' groups ({ungrouped[0]} has none): pytest "
+            f"{pytest.__version__} with this pytest-xdist; install the versions pyproject.toml "
+            f"pins (scripts/setup.sh)")
