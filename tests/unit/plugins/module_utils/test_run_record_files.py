@@ -22,6 +22,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     read_state,
     recorded_job,
     run_paths,
+    supervisor_alive,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
     MARKERS,
@@ -96,6 +97,12 @@ def _until_running(paths, processes=1):
 def _ended_with(paths, state, code):
     found = ended(paths)
     assert (found["state"], found["exit_code"]) == (state, code)
+    # The record says the end before the supervisor has written the markers it repeats and
+    # left: the run is over once the supervisor is gone.
+    deadline = time.monotonic() + 10
+    while supervisor_alive(paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not supervisor_alive(paths), "the supervisor did not leave"
     assert not facts_missing(paths["dir"]), facts_missing(paths["dir"])
     job = recorded_job(paths["dir"])
     assert job["ended_at"] >= job["started_at"]
