@@ -25,6 +25,7 @@ if str(_REPO / "collection") not in sys.path:
     sys.path.insert(0, str(_REPO / "collection"))
 
 from tests.cluster import testbed  # noqa: E402
+from tests.integration.helpers import own_control_path  # noqa: E402
 
 MakeCluster = Callable[..., testbed.Cluster]
 
@@ -85,6 +86,16 @@ def make_cluster(node_image: str) -> Iterator[MakeCluster]:
             return testbed.up(name, n, subnet_index, extra=extra)
 
         yield make
+
+
+@pytest.fixture
+def own_masters(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The test's SSH connection masters (ControlPersist) in a directory of its own, which it
+    may drop or start without: no master of an earlier test carries its connections, and
+    dropping its own cuts no test that runs beside it."""
+    with own_control_path() as cpdir:
+        monkeypatch.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(cpdir))
+        yield cpdir
 
 
 # Side by side (pytest-xdist, `--dist loadgroup`, as scripts/test.sh runs the suite):

@@ -3,13 +3,16 @@ user runs it, a wait for a condition with a deadline, and the checks that a job 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +37,20 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def own_control_path() -> Iterator[Path]:
+    """A directory of the test's own for SSH connection masters (ANSIBLE_SSH_CONTROL_PATH_DIR):
+    what the test does to its masters (drop them, or start without any) touches no other test
+    that runs beside it. Short, under /tmp: a socket's path has at most 107 bytes. Its masters
+    are told to exit at the end."""
+    cpdir = Path(tempfile.mkdtemp(prefix="th-cp-", dir="/tmp"))
+    try:
+        yield cpdir
+    finally:
+        subprocess.run(["pkill", "-f", f"ssh: {cpdir}/"], check=False)
+        shutil.rmtree(cpdir, ignore_errors=True)
 
 
 def assert_no_job_left(cluster: Any, pattern: str = JOB_PROCS,

@@ -62,13 +62,15 @@ def test_rank_failure_stops_every_node_fast(cluster3, tmp_path):
                        returned, "allreduce", JOB_PROCS)
 
 
-def test_stop_detached_job(cluster3, tmp_path):
+def test_stop_detached_job(cluster3, tmp_path, own_masters):
+    cpdir = own_masters
     result = launch(job("allreduce.py", "--sleep", "300", run_id="detached", detach=True),
                     cluster3.inventory, runs_dir=tmp_path)
     assert result.exit_code == Exit.OK and result.state == "running", result.reason
     assert running_everywhere(cluster3)
-    # The controller's SSH connections dropping does not touch a detached job.
-    subprocess.run(["pkill", "-f", "ControlPersist"], check=False)
+    # The controller's SSH connections dropping does not touch a detached job (the launch's
+    # own: other tests run beside this one).
+    subprocess.run(["pkill", "-f", f"ssh: {cpdir}/"], check=True)  # check: there were some
     for node in cluster3.nodes:
         cluster3.exec(node, ["pkill", "-f", "sshd: root"], check=False)
     time.sleep(2)
@@ -137,14 +139,12 @@ def test_killed_node_is_named_and_the_rest_stop(make_cluster, tmp_path):
 
 
 def test_a_dropped_ssh_connection_mid_watch_does_not_stop_the_job(cluster3, tmp_path,
-                                                                  monkeypatch):
+                                                                  own_masters):
     # Every SSH master of the launch dies while the watch's wait is in flight (a hiccup, not a
     # dead node): the wait fails with a connection error, asks once more on a fresh connection,
     # and the job runs to its end. Without the second try the node would count as lost and the
     # job be stopped. (The watch waits on the master alone: the nodes form the gang.)
-    cpdir = tmp_path / "cp"
-    cpdir.mkdir()
-    monkeypatch.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(cpdir))
+    cpdir = own_masters
     waiting, output, outcome = set(), [], {}
 
     def on_event(event):

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.cluster
 
 
 def torchherd(cwd, *args):
-    """The CLI as a user runs it, in cwd, with no Ansible settings from the suite."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    """The CLI as a user runs it, in cwd, with no Ansible settings from the suite but the
+    directory of the test's own SSH masters (own_masters)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ANSIBLE_") or k == "ANSIBLE_SSH_CONTROL_PATH_DIR"}
     done = subprocess.run([sys.executable, "-m", "driver", args[0], "--json", *map(str, args[1:])],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
@@ -29,18 +31,12 @@ def launch(cwd, inventory, run_id):
                      "--nproc-per-node", "1", "--", "allreduce.py")
 
 
-def drop_masters():
-    """No SSH connection of an earlier test may carry this one (ControlPersist)."""
-    subprocess.run(["pkill", "-f", r"ssh: .*\[mux\]"], check=False)
-
-
-def test_private_key_from_the_users_ansible_cfg(cluster3, tmp_path):
+def test_private_key_from_the_users_ansible_cfg(cluster3, tmp_path, own_masters):
     """The inventory names no key; the user's ./ansible.cfg does, and the launch uses it."""
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(re.sub(r"^ansible_ssh_private_key_file=.*\n", "",
                                 cluster3.inventory.read_text(), flags=re.MULTILINE))
     assert "private_key_file" not in inventory.read_text()
-    drop_masters()
     code, result = launch(tmp_path, inventory, "userkey-without")
     assert code == 5, result["reason"]  # unreachable: no key, the nodes do not let us in
     assert all(p["check"] == "ssh" for p in result["problems"]), result["problems"]
@@ -51,11 +47,10 @@ def test_private_key_from_the_users_ansible_cfg(cluster3, tmp_path):
     assert {h["state"] for h in result["hosts"].values()} == {"succeeded"}
 
 
-def test_unknown_host_key_stops_before_any_change(cluster3, tmp_path):
+def test_unknown_host_key_stops_before_any_change(cluster3, tmp_path, own_masters):
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(cluster3.inventory.read_text().replace(
         str(cluster3.inventory.parent / "known_hosts"), str(tmp_path / "known_hosts")))
-    drop_masters()
     code, result = launch(tmp_path, inventory, "hostkey-unknown")
     assert code == 3, result["reason"]
     problems = {p["host"]: p for p in result["problems"]}
