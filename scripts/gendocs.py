@@ -2,8 +2,8 @@
 
 A block is the text between `<!-- generated: NAME -->` and `<!-- end generated -->` in a
 markdown file of docs/ (or README.md); NAME picks what fills it (BLOCKS below). Run it after a
-change to the schedule, the job spec or the run directory's files; `--check` rewrites nothing
-and fails, naming the files, where a block differs from what the code gives
+change to the schedule, the job spec, the run directory's files or the gate's checks; `--check`
+rewrites nothing and fails, naming the files, where a block differs from what the code gives
 (tests/unit/test_docs_generated.py runs it so).
 
     .venv/bin/python scripts/gendocs.py [--check]
@@ -12,7 +12,9 @@ and fails, naming the files, where a block differs from what the code gives
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
+import inspect
 import itertools
 import re
 import sys
@@ -25,7 +27,20 @@ COLLECTION = ROOT / "collection" / "ansible_collections" / "torchherd" / "cluste
 sys.path.insert(0, str(ROOT / "collection"))
 
 from ansible_collections.torchherd.cluster.plugins.filter import schedule as schedule_filter  # noqa: E402
-from ansible_collections.torchherd.cluster.plugins.module_utils import _rundir, _runstate  # noqa: E402
+from ansible_collections.torchherd.cluster.plugins.module_utils import (  # noqa: E402
+    _interconnect,
+    _rundir,
+    _runstate,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils import (  # noqa: E402
+    _gate as gate_families,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import (  # noqa: E402
+    answered,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import (  # noqa: E402
+    interconnect as gate_interconnect,
+)
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.decisions import (  # noqa: E402
     DECISIONS,
 )
@@ -229,7 +244,70 @@ def rundir():
                       "the record's fact it repeats (`_runstate.MARKERS`)"], rows))
 
 
-BLOCKS = {"decisions": decisions, "job-keys": job_keys, "rundir": rundir}
+# --- the gate's checks --------------------------------------------------------------------------
+
+# What each hook tuple of a family (plugin_utils/_gate/__init__.py) runs on, and what its rows are.
+HOOKS = (("NODE_CHECKS", "each node that answered"), ("CHECKS", "across the nodes"),
+         ("NODE_WARNINGS", "each node that answered (warnings)"),
+         ("NCCL_CHECKS", "across the nodes of an nccl job"),
+         ("GPU_CHECKS", "each node of an nccl job, its GPUs"),
+         ("GPU_WARNINGS", "each node of an nccl job, its GPUs (warnings)"))
+
+
+def _shown(node):
+    """A check's name as its code writes it: a literal, or a pattern (`same <key>`)."""
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_shown(part) if isinstance(part, ast.Constant)
+                       else f"<{ast.unparse(part.value)}>" for part in node.values)
+    return f"<{ast.unparse(node)}>"
+
+
+def _check_names(module):
+    """The check names of the rows a module's code makes, in the order they first appear: the
+    `check` of each problem() call, or of each row tuple appended to `problems`."""
+    found = []
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = getattr(node.func, "id", getattr(node.func, "attr", None))
+        if name == "problem" and len(node.args) > 1:
+            found.append((node.lineno, _shown(node.args[1])))
+        elif (name == "append" and getattr(node.func.value, "id", None) == "problems"
+              and isinstance(node.args[0], ast.Tuple) and len(node.args[0].elts) > 1):
+            found.append((node.lineno, _shown(node.args[0].elts[1])))
+    return list(dict.fromkeys(name for _, name in sorted(found)))
+
+
+def _first_sentence(doc):
+    text = " ".join((doc or "").split())
+    return text.split(". ")[0].rstrip(".") + "."
+
+
+def gate_checks():
+    rows = [["(every node)", _text(_first_sentence(answered.__doc__)),
+             ", ".join(f"`{n}`" for n in _check_names(answered)), "every node", ""]]
+    for family in gate_families.FAMILIES:
+        runs = [where for hook, where in HOOKS if getattr(family, hook, ())]
+        downgradable = getattr(family, "DOWNGRADABLE", ())
+        # versions names a missing launcher's check after the launcher.
+        names = [n.replace("<name>", "<launcher>") for n in _check_names(family)]
+        rows.append([f"`{family.__name__.rsplit('.', 1)[-1]}`",
+                     _text(_first_sentence(family.__doc__)),
+                     ", ".join(f"`{n}`" for n in names), "; ".join(runs),
+                     ", ".join(f"`{n}`" for n in names if n in downgradable)])
+    # The interconnect check's rows are made where it is judged (module_utils/_interconnect.py).
+    rows.append(["`interconnect`", _text(_first_sentence(gate_interconnect.__doc__)),
+                 ", ".join(f"`{n}`" for n in _check_names(_interconnect)),
+                 "the measure between the nodes", ""])
+    return (_source_note("plugins/plugin_utils/_gate/", "plugins/module_utils/_interconnect.py")
+            + _table(["family", "what it checks", "checks (a problem's `check`)", "runs on",
+                      "`preflight_warn` may make a warning"], rows))
+
+
+BLOCKS = {"decisions": decisions, "job-keys": job_keys, "rundir": rundir,
+          "gate-checks": gate_checks}
 
 
 def render(text):

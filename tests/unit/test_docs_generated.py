@@ -1,5 +1,6 @@
-"""The docs' generated tables (the schedule's entries, the job keys, the node's run directory)
-are what the code gives: scripts/gendocs.py renders them, and a doc that differs is stale."""
+"""The docs' generated tables (the schedule's entries, the job keys, the node's run directory,
+the gate's checks) are what the code gives: scripts/gendocs.py renders them, and a doc that
+differs is stale."""
 
 from __future__ import annotations
 
@@ -47,3 +48,20 @@ def test_every_entry_of_the_schedule_is_documented_and_in_the_table():
     returned = gendocs.schedule_filter.schedule(plan, 4)
     documented = {name.split(".")[0] for name, _ in gendocs._schedule_entries()}
     assert set(returned) - {"why", "playbook"} <= documented
+
+
+def test_the_checks_table_names_what_preflight_warn_may_turn_into_a_warning():
+    """Its names come from the rows the code makes: a check preflight_warn lists is in it, in
+    the last column, as are checks of every kind (a node's, one across nodes, the GPUs')."""
+    spec = gendocs._job_options()["preflight_warn"]
+    table = gendocs.gate_checks()
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")
+            for line in table.splitlines() if line.startswith("| ")}
+    warnable = " ".join(row[-1] for row in rows.values())
+    assert spec["choices"]
+    for choice in spec["choices"]:
+        assert f"`{choice}`" in warnable, choice
+    for family, check in (("(every node)", "ssh"), ("network", "master reachable"),
+                          ("gpus", "duplicate gpu"), ("versions", "same <key>"),
+                          ("interconnect", "interconnect")):
+        assert f"`{check}`" in rows[family][2], (family, rows[family])
