@@ -1,19 +1,24 @@
-"""ansible-runner underneath: a fresh private data dir per call, extra vars in a file, events.
+"""ansible-runner underneath: a fresh private data dir per call, extra vars through a pipe,
+events.
 
-Extra vars (the job, secret_env among them) go to ``<private>/env/extravars`` (0600, in a 0700
-directory that is removed afterwards); ansible-playbook reads them with ``-e @file``, so they
-never show on a command line (/proc/*/cmdline is world-readable).
+Extra vars (the job, secret_env among them) reach ansible-playbook through a named pipe in the
+private data dir (0700), which it reads once with ``-e @path``: they never show on a command
+line (/proc/*/cmdline is world-readable) and are on no disk. ansible-runner's own record of the
+command and the driver's environment (``artifacts/<ident>/command``) goes into a pipe that is
+read and dropped (driver.pipes). The directory holds nothing else of the caller's while a run
+lasts, and is removed afterwards.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import shlex
 import shutil
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +27,7 @@ from typing import Any
 import ansible_runner
 
 from driver.paths import collections_env, driver_version, playbook
+from driver.pipes import drained, handed_over
 
 Event = dict[str, Any]
 
@@ -150,13 +156,6 @@ def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
         job.get("interconnect") == "always" or bool(job.get("hang_timeout"))))
 
 
-def _write_private(path: Path, data: Any) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-
-
 def run_playbook(
     name: str,
     inventory: str | Path,
@@ -202,33 +201,40 @@ def run_playbook(
         return False
 
     env = run_settings(os.environ)
+    version = driver_version()
+    ident = uuid.uuid4().hex
     try:
-        version = driver_version()
-        _write_private(private / "env" / "extravars",
-                       {**extravars, **({"torchherd_driver_version": version} if version else {})})
-        result = ansible_runner.run(
-            private_data_dir=str(private),
-            # Ansible runs in the caller's directory, so it finds the caller's ./ansible.cfg
-            # (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg, as
-            # ansible-playbook would) and resolves relative paths in the job as the caller means.
-            project_dir=os.getcwd(),
-            playbook=playbook(name),
-            # A list of sources goes to ansible-playbook's -i as given: an inline host list
-            # (node1,node2,) is then read by Ansible's own host_list plugin. A plain string
-            # would be written to a file and read as INI: one host named "node1,node2,".
-            inventory=[str(inventory)],  # driver.inputs.inventory_source made a path absolute
-            envvars=env,
-            cmdline=shlex.join(_cmdline(all_at_once(name, extravars))),
-            quiet=True,
-            verbosity=verbosity or None,
-            event_handler=handle,
-            # Our own callback: without one ansible-runner installs its own SIGINT handler
-            # (ansible-runner issue 1075) and Ctrl-C no longer reaches the caller.
-            cancel_callback=cancelled,
-            # No stdout file either: at higher verbosity it would hold task results.
-            settings={"suppress_ansible_output": True, "suppress_output_file": True,
-                      "job_timeout": 0, "pexpect_timeout": _POLL_SECONDS},
-        )
+        with contextlib.ExitStack() as pipes:
+            extravars_pipe = pipes.enter_context(handed_over(
+                private / "extravars",
+                {**extravars, **({"torchherd_driver_version": version} if version else {})}))
+            pipes.enter_context(drained(private / "artifacts" / ident / "command"))
+            result = ansible_runner.run(
+                private_data_dir=str(private),
+                ident=ident,
+                # Ansible runs in the caller's directory, so it finds the caller's ./ansible.cfg
+                # (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg, as
+                # ansible-playbook would) and resolves relative paths in the job as the caller
+                # means.
+                project_dir=os.getcwd(),
+                playbook=playbook(name),
+                # A list of sources goes to ansible-playbook's -i as given: an inline host list
+                # (node1,node2,) is then read by Ansible's own host_list plugin. A plain string
+                # would be written to a file and read as INI: one host named "node1,node2,".
+                inventory=[str(inventory)],  # driver.inputs.inventory_source made it absolute
+                envvars=env,
+                cmdline=shlex.join([*_cmdline(all_at_once(name, extravars)),
+                                    "-e", f"@{extravars_pipe}"]),
+                quiet=True,
+                verbosity=verbosity or None,
+                event_handler=handle,
+                # Our own callback: without one ansible-runner installs its own SIGINT handler
+                # (ansible-runner issue 1075) and Ctrl-C no longer reaches the caller.
+                cancel_callback=cancelled,
+                # No stdout file either: at higher verbosity it would hold task results.
+                settings={"suppress_ansible_output": True, "suppress_output_file": True,
+                          "job_timeout": 0, "pexpect_timeout": _POLL_SECONDS},
+            )
         if any(e.startswith("No inventory was parsed") for e in errors):
             errors.insert(0, f"inventory {inventory}: expected an inventory that Ansible can "
                           f"parse, found: {'; '.join(parse_failures) or 'no plugin could'}; fix: "
@@ -237,5 +243,5 @@ def run_playbook(
         return Outcome(status=result.status, rc=result.rc, stats=stats, failures=failures,
                        errors=errors)
     finally:
-        # The private dir holds the extra vars (secrets among them): never leave it behind.
+        # Nothing of the caller's is in it by now; it is this run's, and goes with it.
         shutil.rmtree(private, ignore_errors=True)

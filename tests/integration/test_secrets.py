@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,3 +156,83 @@ def test_driver_at_vvv_shows_no_secret(tmp_path: Path) -> None:
     private = Path(tempfile.gettempdir()).glob("torchherd-runner-*")
     _assert_nowhere(secret, {"stdout": proc.stdout, "stderr": proc.stderr},
                     runs_dir, *NODE_ROOTS, *private)
+
+
+class Poller:
+    """Reads every file under its roots, over and over from a thread, while a run goes on: a
+    file that holds a needle even for a moment is a sighting. A file is read again when its
+    size, mtime or inode changed since its last read (and at least every half second)."""
+
+    def __init__(self, needles: dict[str, str], *roots: Path) -> None:
+        self.needles = {what: value.encode() for what, value in needles.items()}
+        self.roots = roots
+        self.sightings: set[tuple[str, str]] = set()
+        self.rounds = 0
+        self._seen: dict[Path, tuple[int, int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _look(self) -> None:
+        fresh = int(time.monotonic() * 2)
+        for root in self.roots:
+            for dirpath, _, names in os.walk(root):
+                for name in names:
+                    path = Path(dirpath) / name
+                    try:
+                        st = path.lstat()
+                        if not stat.S_ISREG(st.st_mode):
+                            continue  # a pipe is read by its own reader alone
+                        key = (st.st_size, st.st_mtime_ns, st.st_ino, fresh)
+                        if self._seen.get(path) == key:
+                            continue
+                        data = path.read_bytes()
+                    except OSError:  # gone while we looked
+                        continue
+                    self._seen[path] = key
+                    for what, needle in self.needles.items():
+                        if needle in data:
+                            self.sightings.add((what, str(path)))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._look()
+            self.rounds += 1
+            time.sleep(0.01)
+
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self._look()
+
+
+def test_no_secret_nor_the_drivers_environment_is_on_disk_at_any_moment(tmp_path: Path) -> None:
+    """A launch and a verify, read by a poller from start to end: the secret's value and a
+    variable of the driver's own environment are in no file under TMPDIR, HOME, the runs
+    directory or the nodes' roots at any moment (ansible-runner's private directory among them:
+    the extra vars and its record of the environment pass through pipes)."""
+    secret, token = f"th-{uuid.uuid4().hex}", f"tok-{uuid.uuid4().hex}"
+    code, run_id = _job(tmp_path, secret)
+    runs_dir, home, tmp = tmp_path / "runs", tmp_path / "home", tmp_path / "tmp"
+    for path in (runs_dir, home, tmp):
+        path.mkdir()
+    env = _env(**{NAME: secret, "TORCHHERD_TEST_TOKEN": token, "HOME": str(home),
+                  "TMPDIR": str(tmp)})
+    common = ["-i", str(LOCAL_INI), "--code-src", str(code), "--runs-dir", str(runs_dir),
+              "--nproc-per-node", "1", "--secret-env", NAME]
+    with Poller({"the secret": secret, "the driver's environment": token},
+                tmp, home, runs_dir, *NODE_ROOTS) as poller:
+        for action, extra in (("launch", ["--run-id", run_id]),
+                              ("verify", ["--run-id", f"{run_id}-verify"])):
+            proc = subprocess.run(
+                [sys.executable, "-m", "driver", action, *common, *extra, "--",
+                 "check_secret.py"], cwd=CHECKOUT, env=env, capture_output=True, text=True,
+                timeout=300, check=False)
+            assert proc.returncode == 0, (action, (proc.stdout + proc.stderr)[-3000:])
+    _assert_delivered(runs_dir, run_id)
+    assert poller.rounds > 10, poller.rounds
+    assert not poller.sightings, sorted(poller.sightings)
+    assert not list(tmp.glob("torchherd-runner-*")), "a private directory was left behind"
