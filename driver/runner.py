@@ -156,6 +156,28 @@ def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
         job.get("interconnect") == "always" or bool(job.get("hang_timeout"))))
 
 
+# ansible-playbook is started through this, so that it does not outlive the driver: where the
+# driver is killed outright (SIGKILL, the OOM killer, a CI runner's hard timeout), the kernel
+# sends ansible-playbook SIGTERM (Linux's parent-death signal, kept across the exec), which ends
+# it and its workers; the job on the nodes goes on, and status tells its state. The parent is
+# checked after the signal is set: a driver that died before would not send it.
+# ansible-runner's pexpect session ignores SIGHUP, so the closed terminal does not end it.
+_TIED = ("import ctypes, os, signal, sys\n"
+         "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+         "if os.getppid() != int(sys.argv[1]):\n"
+         "    sys.exit(128 + signal.SIGTERM)\n"
+         "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+def _tied(env: dict[str, str], name: str) -> tuple[str | None, list[str]]:
+    """ansible-runner's ``binary`` and the arguments before ansible-playbook's own: ansible-playbook
+    tied to this process where the system has a parent-death signal (Linux), else as it is."""
+    found = shutil.which("ansible-playbook", path=env.get("PATH"))
+    if not sys.platform.startswith("linux") or not found:
+        return None, []
+    return sys.executable, ["-c", _TIED, str(os.getpid()), found, playbook(name)]
+
+
 def run_playbook(
     name: str,
     inventory: str | Path,
@@ -203,6 +225,7 @@ def run_playbook(
     env = run_settings(os.environ)
     version = driver_version()
     ident = uuid.uuid4().hex
+    binary, tied = _tied(env, name)
     try:
         with contextlib.ExitStack() as pipes:
             extravars_pipe = pipes.enter_context(handed_over(
@@ -218,12 +241,13 @@ def run_playbook(
                 # means.
                 project_dir=os.getcwd(),
                 playbook=playbook(name),
+                binary=binary,
                 # A list of sources goes to ansible-playbook's -i as given: an inline host list
                 # (node1,node2,) is then read by Ansible's own host_list plugin. A plain string
                 # would be written to a file and read as INI: one host named "node1,node2,".
                 inventory=[str(inventory)],  # driver.inputs.inventory_source made it absolute
                 envvars=env,
-                cmdline=shlex.join([*_cmdline(all_at_once(name, extravars)),
+                cmdline=shlex.join([*tied, *_cmdline(all_at_once(name, extravars)),
                                     "-e", f"@{extravars_pipe}"]),
                 quiet=True,
                 verbosity=verbosity or None,
