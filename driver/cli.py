@@ -19,7 +19,7 @@ from driver import api
 from driver.arguments import build_parser, job_from
 from driver.prune import parse_duration
 from driver.result import Exit, UsageError, usage_document
-from driver.ui import Ui, console, print_json, runs_table
+from driver.ui import Ui, console, interrupt_on_signals, print_json, runs_table
 
 # How often the live table wants word of a running job (seconds): the schedule shortens the
 # watch's rounds to it where one wait speaks for the job, one task on the master per round.
@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
+        interrupt_on_signals()
         return _ACTIONS[args.action](args, Ui(getattr(args, "verbose", 0)))
     except UsageError as exc:
         Ui().say(f"torchherd: {exc}", "red")
@@ -171,3 +172,5 @@ def main(argv: list[str] | None = None) -> int:
             action = args.action if args else next(iter(argv), None)
             print_json(usage_document(action if action in _ACTIONS else None, str(exc)))
         return Exit.USAGE
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP where no run was being driven
+        return Exit.CANCELLED

@@ -5,6 +5,7 @@ document)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -32,6 +33,32 @@ def console(stderr: bool = False) -> Console:
     return shown
 
 
+# What cancels a run as Ctrl-C does: a `timeout`, systemd or kill (SIGTERM), and a terminal
+# that closed (SIGHUP).
+CANCELLING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def hang_up() -> None:
+    """The terminal is gone: what is written to stdout and stderr from now on goes nowhere,
+    instead of failing (EIO) in the middle of settling a run."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGHUP end an action that does not drive a run (logs, prune) as Ctrl-C does
+    (KeyboardInterrupt): its private directory goes and its ansible-playbook with it."""
+    def interrupt(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            hang_up()
+        raise KeyboardInterrupt
+
+    for sig in CANCELLING[1:]:
+        signal.signal(sig, interrupt)
+
+
 def print_json(document: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()
@@ -53,14 +80,17 @@ class Ui:
         self.err.print(f"[{style}]{escape(text)}[/]" if style else escape(text), soft_wrap=True)
 
     def drive(self, start: Callable[[], RunHandle], *, cancel_note: str) -> RunResult:
-        """Start a run and show its progress until it ends. SIGINT and SIGTERM (also one that
-        comes while it starts) cancel it once; later ones only say that it is being settled,
-        so that it is never left half-way."""
+        """Start a run and show its progress until it ends. SIGINT, SIGTERM and SIGHUP (also one
+        that comes while it starts) cancel it once; later ones only say that it is being
+        settled, so that it is never left half-way. After SIGHUP (the terminal closed) nothing
+        more is shown: a write to a terminal that is gone would end the settling."""
         handle: RunHandle | None = None
         wanted = False
 
-        def on_signal(_signum: int, _frame: Any) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
             nonlocal wanted
+            if signum == signal.SIGHUP:
+                hang_up()
             if wanted:
                 self.say("torchherd: already cancelling; waiting for it to finish", "yellow")
                 return
@@ -69,7 +99,7 @@ class Ui:
             if handle is not None:
                 handle.cancel()
 
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, on_signal) for s in CANCELLING}
         live = None
         try:
             handle = start()

@@ -1,6 +1,8 @@
-"""A driver killed outright (SIGKILL: the OOM killer, kill -9, a CI runner's hard timeout)
-leaves no ansible-playbook behind, and a later command tells the job's state and stops it. On
-the embedded default (inventories/local.ini: two nodes on this machine)."""
+"""A driver ended by a signal leaves nothing behind: killed outright (SIGKILL: the OOM killer,
+kill -9, a CI runner's hard timeout) no ansible-playbook, and a later command tells the job's
+state and stops it; a closed terminal (SIGHUP) settles a launch as Ctrl-C does; SIGTERM ends
+`logs --follow` with its ansible-playbook and private directory. On the embedded default
+(inventories/local.ini: two nodes on this machine)."""
 
 from __future__ import annotations
 
@@ -73,3 +75,56 @@ def test_a_driver_killed_outright_takes_its_ansible_playbook_with_it(tmp_path):
     assert json.loads(stopped.stdout)["state"] == "stopped", stopped.stdout + stopped.stderr
     wait_for(lambda: not any(live_processes_of(d) for d in node_runs), 30, "nothing left")
     assert not playbooks_of(tmp)
+
+
+def start(tmp: Path, runs: Path, run_id: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "driver", "launch", "-i", str(LOCAL_INI), "--code-src",
+         str(EXAMPLES), "--runs-dir", str(runs), "--run-id", run_id, "--nproc-per-node", "1",
+         *extra, "--", "allreduce.py", "--sleep", "300"],
+        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+
+
+def test_a_closed_terminal_stops_the_launch_as_ctrl_c_does(tmp_path):
+    runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"hup-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    launch = start(tmp, runs, run_id)
+    node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
+    try:
+        wait_for(lambda: len(playbooks_of(tmp)) >= 2 and all(live_processes_of(d)
+                                                             for d in node_runs),
+                 180, "the watch's wait on the running job")
+        launch.send_signal(signal.SIGHUP)
+        assert launch.wait(120) == 130
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    summary = json.loads((runs / run_id / "summary.json").read_text())
+    assert {h["state"] for h in summary["hosts"].values()} == {"stopped"}, summary["hosts"]
+    assert not any(live_processes_of(d) for d in node_runs)
+    assert not playbooks_of(tmp) and not list(tmp.iterdir()), list(tmp.iterdir())
+
+
+def test_sigterm_ends_logs_follow_with_nothing_left(tmp_path):
+    runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"term-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    assert start(tmp, runs, run_id, "--detach").wait(180) == 0
+    try:
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "driver", "logs", run_id, "--follow", "--interval", "1",
+             "--runs-dir", str(runs), "-i", str(LOCAL_INI)],
+            cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        assert follow.stdout is not None
+        assert follow.stdout.readline().startswith(b"node")  # it follows the nodes' logs
+        wait_for(lambda: playbooks_of(tmp), 60, "a fetch of the logs in flight")
+        follow.send_signal(signal.SIGTERM)
+        assert follow.wait(30) == 130
+        follow.stdout.close()
+        wait_for(lambda: not playbooks_of(tmp), 15, "the fetch's ansible-playbook to end")
+        assert not list(tmp.iterdir()), list(tmp.iterdir())
+    finally:
+        stopped = driver("stop", run_id, "--runs-dir", str(runs), "-i", str(LOCAL_INI),
+                         "--json", tmp=tmp)
+    assert json.loads(stopped.stdout)["state"] == "stopped", stopped.stdout + stopped.stderr
