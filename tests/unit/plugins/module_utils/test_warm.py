@@ -227,3 +227,22 @@ def test_a_run_that_does_not_start_here_sends_its_warm_launcher_away(tmp_path, d
     while time.monotonic() < until and pid in job_pids(paths["dir"]):
         time.sleep(0.05)
     assert not job_pids(paths["dir"]) and dismiss(paths["dir"]) == []
+
+
+def test_a_launcher_in_a_package_runs_without_runpys_warning(tmp_path, demo):
+    """torchrun is torch.distributed.run: runpy warns that a package's module it runs as
+    __main__ was imported before. The import ahead is on purpose, and the log says nothing of
+    it, as the log of a launcher started anew would not."""
+    package = tmp_path / "lib" / "warmpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "launch.py").write_text(DEMO, encoding="utf-8")
+    paths = run_paths(str(tmp_path), "r-pkg")
+    os.makedirs(paths["dir"])
+    waiting(paths, demo, module="warmpkg.launch")
+    proc, seen = claim(paths["dir"], [sys.executable, "-m", "warmpkg.launch", "0"], demo,
+                       str(tmp_path), paths["log"])
+    assert seen["used"] and proc.wait(20) == 0
+    said = log_text(paths)
+    assert "imported_before True" in said, said
+    assert "RuntimeWarning" not in said and "found in sys.modules" not in said, said

@@ -48,7 +48,8 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
 
 # What the warm launcher runs. Standard library only: it runs in the job's interpreter.
 SERVER = r'''"""torchherd's warm launcher (see torchherd.cluster's module_utils/_warm.py)."""
-import atexit, json, os, runpy, signal, socket, struct, sys, tempfile, time, traceback
+import atexit, json, os, re, runpy, signal, socket, struct, sys, tempfile, time, traceback
+import warnings
 
 _said = {}
 
@@ -171,6 +172,10 @@ def main():
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _killed)
     _send(conn, {"taken": True, "pid": os.getpid()})
+    # runpy warns that the module it runs as __main__ was imported before (here, on purpose,
+    # ahead of the start): a launcher started anew does not print that, nor does this one.
+    warnings.filterwarnings("ignore", category=RuntimeWarning,
+                            message="'%s' found in sys.modules after import" % re.escape(module))
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         _said["code"] = 0
