@@ -23,6 +23,7 @@ from driver.spec import (
     job_options,
     nproc_problem,
     read_job_file,
+    sub_keys,
     validate,
 )
 
@@ -147,6 +148,9 @@ def _job_args(parser: argparse.ArgumentParser, launch: bool) -> None:
         text = _MARKUP.sub(r"\1", opt.get("description", ""))
         if notes:
             text += f" ({'; '.join(notes)})"
+        if opt.get("options"):  # a mapping of its own keys: KEY=VALUE, each key named
+            text += (". Its keys (KEY=VALUE, a list's items separated by commas): "
+                     + "; ".join(sub_keys(key)))
         text = text.replace("%", "%%")  # argparse %-formats help texts
         if opt.get("type") == "list":
             parser.add_argument(_flag(key), dest=f"job_{key}", action="append", metavar="VALUE",

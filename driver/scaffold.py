@@ -17,7 +17,7 @@ from typing import Any
 
 from driver.arguments import _MARKUP
 from driver.result import UsageError
-from driver.spec import job_options
+from driver.spec import job_options, sub_keys
 
 JOB_FILE = "job.yml"
 # The keys a first launch sets; every other key is written commented out, at its default.
@@ -57,6 +57,10 @@ def job_template() -> str:
             lines.append(f"  {key}: {json.dumps(FIRST_JOB[key])}")
         else:
             lines.append(f"  #{key}: {json.dumps(option.get('default'))}")
+        if option.get("options"):  # a mapping: its own keys, one comment each
+            lines.extend(line for described in sub_keys(key)
+                         for line in textwrap.wrap(described, width=96, initial_indent="  #   ",
+                                                   subsequent_indent="  #     "))
     return "\n".join(lines) + "\n"
 
 
@@ -90,10 +94,15 @@ def init(target: str | Path, force: bool = False) -> list[Path]:
     written = []
     for name in planned:
         path = target / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if name == JOB_FILE:
-            path.write_text(job_template(), encoding="utf-8")
-        else:
-            path.write_bytes(sources[name])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if name == JOB_FILE:
+                path.write_text(job_template(), encoding="utf-8")
+            else:
+                path.write_bytes(sources[name])
+        except OSError as exc:
+            raise UsageError(f"init {target}: expected a directory it can write {name} into, "
+                             f"found: {exc.strerror} ({exc.filename}); fix: choose a directory "
+                             f"of yours") from None
         written.append(path)
     return written

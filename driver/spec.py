@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from driver.paths import job_spec_file
 from driver.result import UsageError
+
+# Ansible's documentation markup in the spec's descriptions: C(x), O(x), I(x), V(x).
+_MARKUP = re.compile(r"[CIOV]\(([^)]*)\)")
 
 
 class JobSpecError(UsageError):
@@ -58,6 +62,29 @@ def validate(job: dict[str, Any], source: str | None = None) -> dict[str, Any]:
                            + "correct these keys of the job spec "
                              "(`torchherd launch --help` lists every key with its type)")
     return result.validated_parameters["torchherd_job"]
+
+
+def sub_keys(key: str) -> list[str]:
+    """The keys of a mapping job key (container, venv), each as ``name (type; choices;
+    default; required): its description's first sentence``, for --help and init's job.yml."""
+    described = []
+    for name, opt in (job_options()[key].get("options") or {}).items():
+        kind = opt.get("type", "str")
+        if opt.get("elements"):
+            kind = f"{kind} of {opt['elements']}"
+        notes = [kind]
+        if opt.get("choices"):
+            notes.append("|".join(map(str, opt["choices"])))
+        if opt.get("required"):
+            notes.append("required")
+        elif opt.get("default") not in (None, "", [], {}):
+            notes.append(f"default {opt['default']}")
+        text = opt.get("description", "")
+        text = " ".join(text) if isinstance(text, list) else str(text)
+        plain = " ".join(_MARKUP.sub(r"\1", text).split())
+        first = re.split(r"\.\s+(?=[A-Z])", plain)[0].rstrip(".")
+        described.append(f"{name} ({'; '.join(notes)}): {first}")
+    return described
 
 
 def suggestions(job: dict[str, Any]) -> dict[str, str]:

@@ -250,6 +250,10 @@ def test_help_shows_defaults_choices_examples_and_exit_codes(capsys):
     assert "Rendezvous port on the master. (default: 29500)" in launch
     assert "(default: stop)" in launch and "$TORCHHERD_RUNS_DIR" in launch
     assert "examples: torchherd launch -i inventories/cluster.ini" in launch
+    # A mapping's own keys, with their types, choices and defaults (not only KEY=VALUE).
+    assert "pull (str; missing|always|never; default missing):" in launch
+    assert "lock (str): The lock, a path relative to code_src" in launch
+    assert "system_site_packages (bool; default False):" in launch
     assert "examples: torchherd logs RUN_ID --follow" in help_of("logs")
     top = help_of()
     for code in Exit:

@@ -70,6 +70,24 @@ def test_init_refuses_to_overwrite_unless_forced(tmp_path, capsys):
     assert str(job) in capsys.readouterr().out.splitlines()
 
 
+def test_the_job_file_names_every_key_of_container_and_venv(tmp_path):
+    text = scaffold.job_template()
+    for key in ("container", "venv"):
+        block = text[text.index(f"  #{key}: "):]
+        for sub in job_options()[key]["options"]:
+            assert re.search(rf"^  #   {sub} \(", block, flags=re.M), (key, sub)
+    assert "runtime (str; auto|podman|docker|apptainer|singularity; default auto)" in text
+
+
+def test_init_where_it_cannot_write_says_so_without_a_traceback(capsys):
+    # /proc takes no new directory, root or not.
+    with pytest.raises(UsageError, match=r"init .*: expected a directory it can write "
+                                         r"job\.yml into, found: .*fix: choose a directory"):
+        scaffold.init("/proc/torchherd-init")
+    assert cli.main(["init", "/proc/torchherd-init"]) == Exit.USAGE
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_init_into_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(UsageError, match="expected a directory, found a file"):
