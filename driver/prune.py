@@ -144,13 +144,26 @@ def controller_only_hold(run: RunInfo) -> Hold | None:
     return None
 
 
+def elsewhere_hold(planned: list[str], present: set[str],
+                   launched_with: str | None) -> Hold | None:
+    """Why a run whose nodes are not all in the inventory given stays: not an error (another
+    inventory's run, which this one cannot reach), said with the inventory it ran on. None
+    where every node of the run is in it."""
+    missing = [h for h in planned if h not in present]
+    if not missing:
+        return None
+    where = f"-i {launched_with}" if launched_with else "the inventory it ran on"
+    return Exit.OK, (f"its nodes {', '.join(missing)} are not in this inventory: prune it "
+                     f"with {where}")
+
+
 def nodes_hold(planned: list[str], answers: dict[str, dict[str, Any]]) -> Hold | None:
     """Why a run stays, from its nodes' answers (prune_runs' entry of the run, or a
     ``no_answer`` note), or None when no node runs it and every node answered."""
     running = [h for h in planned if (answers.get(h) or {}).get("state") == "running"]
     if running:
         return Exit.OK, f"its job runs on {', '.join(running)}"
-    silent = [f"{h} ({(answers.get(h) or {}).get('no_answer') or 'not in the inventory'})"
+    silent = [f"{h} ({(answers.get(h) or {}).get('no_answer') or 'no answer'})"
               for h in planned if not answers.get(h) or answers[h].get("no_answer")]
     if silent:
         return Exit.NODE_UNREACHABLE, f"no answer from {', '.join(silent)}"

@@ -17,12 +17,13 @@ from driver.prune import (
     PruneReport,
     busy_hold,
     controller_only_hold,
+    elsewhere_hold,
     nodes_hold,
     select,
     size_of,
 )
 from driver.prune import verdict as prune_verdict
-from driver.result import Exit, read_json
+from driver.result import DRIVER_FILE, Exit, read_json
 from driver.runner import Event, Outcome, run_playbook
 
 PRUNE_MODULE = "torchherd.cluster.prune_runs"  # whose answers the prune reads from events
@@ -30,14 +31,19 @@ PRUNE_MODULE = "torchherd.cluster.prune_runs"  # whose answers the prune reads f
 
 def _ask_nodes(targets: dict[str, list[dict[str, str]]], inventory: str, remove: bool,
                on_event: Callable[[Event], None] | None, verbosity: int,
-               ) -> tuple[dict[str, dict[str, dict[str, Any]]], Outcome]:
+               ) -> tuple[dict[str, dict[str, dict[str, Any]]], set[str], Outcome]:
     """The prune playbook on the nodes: run id -> host -> prune_runs' answer for the run (or
-    ``no_answer``: why the node said nothing)."""
+    ``no_answer``: why the node said nothing), and the hosts of ``targets`` that the inventory
+    has (the playbook's first play names them)."""
     answers: dict[str, dict[str, dict[str, Any]]] = {}
+    present: set[str] = set()
 
     def seen(event: Event) -> None:
         data = event.get("event_data") or {}
-        if (data.get("resolved_action") or data.get("task_action")) == PRUNE_MODULE:
+        action = data.get("resolved_action") or data.get("task_action")
+        if action == "ansible.builtin.add_host" and event.get("event") == "runner_item_on_ok":
+            present.add(((data.get("res") or {}).get("add_host") or {}).get("host_name"))
+        if action == PRUNE_MODULE:
             host, res, kind = data.get("host", ""), data.get("res") or {}, event.get("event")
             if kind == "runner_on_ok":
                 for run_id, entry in (res.get("runs") or {}).items():
@@ -53,7 +59,12 @@ def _ask_nodes(targets: dict[str, list[dict[str, str]]], inventory: str, remove:
     outcome = run_playbook("prune", inventory, {"torchherd_prune": targets,
                                                 "torchherd_prune_remove": remove},
                            on_event=seen, verbosity=verbosity)
-    return answers, outcome
+    return answers, present, outcome
+
+
+def launched_with(run_dir: Path) -> str | None:
+    """The inventory a run was launched with (its driver.json), if the driver launched it."""
+    return (read_json(run_dir / DRIVER_FILE) or {}).get("inventory")
 
 
 def prune(runs_dir: str | Path | None = None, *, keep: int | None = None,
@@ -93,7 +104,8 @@ def prune(runs_dir: str | Path | None = None, *, keep: int | None = None,
                             {"run_id": run.run_id, "root": node["root"]})
             if not targets:
                 break
-            asked, outcome = _ask_nodes(targets, source, remove_now, on_event, verbosity)
+            asked, present, outcome = _ask_nodes(targets, source, remove_now, on_event,
+                                                 verbosity)
             if not asked and outcome.rc != 0:
                 report.exit_code, report.reason = Exit.ERROR, first_message(outcome)
                 for entry in report.runs:
@@ -102,7 +114,9 @@ def prune(runs_dir: str | Path | None = None, *, keep: int | None = None,
             answers.update(asked)
             for run in chosen:
                 if holds[run.run_id] is None:
-                    holds[run.run_id] = nodes_hold(hosts[run.run_id], asked.get(run.run_id, {}))
+                    holds[run.run_id] = (
+                        elsewhere_hold(hosts[run.run_id], present, launched_with(run.run_dir))
+                        or nodes_hold(hosts[run.run_id], asked.get(run.run_id, {})))
         for entry in report.runs:
             entry.nodes = answers.get(entry.run_id, {})
     for entry in report.runs:

@@ -32,6 +32,16 @@ def test_prune_keeps_the_newest_run_on_the_controller_and_the_nodes(tmp_path: Pa
             assert (runs_dir / run_id).is_dir()
             assert all((root / "runs" / run_id / "node.log").is_file() for root in NODE_ROOTS)
 
+        # An older run of another inventory (its nodes are not in local.ini): it stays, and
+        # says which inventory prunes it, without failing the prune.
+        other = f"{name}-0"
+        shutil.copytree(runs_dir / older, runs_dir / other)
+        plan = json.loads((runs_dir / other / "plan.json").read_text())
+        for node in plan["nodes"]:
+            node["host"] = f"elsewhere-{node['host']}"
+        (runs_dir / other / "plan.json").write_text(json.dumps(plan))
+        (runs_dir / other / "driver.json").write_text(json.dumps({"inventory": "/x/other.ini"}))
+
         prune = ("runs", "--prune", "--keep", "1", "-i", "inventories/local.ini",
                  "--runs-dir", str(runs_dir), "--json")
         # A dry run (the default) says what would go, with the nodes' sizes, and removes nothing.
@@ -40,8 +50,12 @@ def test_prune_keeps_the_newest_run_on_the_controller_and_the_nodes(tmp_path: Pa
         doc = json.loads(dry.stdout)
         jsonschema.validate(doc, SCHEMA)
         assert doc["dry_run"] and doc["nodes_asked"]
-        assert [(r["run_id"], r["removed"]) for r in doc["runs"]] == [(older, True)]
-        assert {h: n["removed"] for h, n in doc["runs"][0]["nodes"].items()} == \
+        runs = {r["run_id"]: r for r in doc["runs"]}
+        assert sorted(runs) == sorted([older, other])
+        assert runs[older]["removed"] and not runs[other]["removed"]
+        assert runs[other]["kept"] == ("its nodes elsewhere-node0, elsewhere-node1 are not in "
+                                       "this inventory: prune it with -i /x/other.ini")
+        assert {h: n["removed"] for h, n in runs[older]["nodes"].items()} == \
             {"node0": True, "node1": True}
         assert doc["totals"]["node_dirs"] == 2 and doc["totals"]["node_bytes"] > 0
         assert (runs_dir / older).is_dir()
@@ -60,7 +74,8 @@ def test_prune_keeps_the_newest_run_on_the_controller_and_the_nodes(tmp_path: Pa
         # The code directory is every run's of this name: pruning a run leaves it.
         assert all((root / "code" / name / "hello.py").is_file() for root in NODE_ROOTS)
         listed = torchherd("runs", "--runs-dir", str(runs_dir), "--json")
-        assert [r["run_id"] for r in json.loads(listed.stdout)["runs"]] == [newer]
+        assert sorted(r["run_id"] for r in json.loads(listed.stdout)["runs"]) == \
+            sorted([other, newer])
     finally:
         for root in NODE_ROOTS:
             shutil.rmtree(root / "code" / name, ignore_errors=True)

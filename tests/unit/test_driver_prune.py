@@ -19,6 +19,7 @@ from driver.prune import (
     BUSY_SECONDS,
     busy_hold,
     controller_only_hold,
+    elsewhere_hold,
     nodes_hold,
     parse_duration,
     select,
@@ -86,6 +87,14 @@ def test_without_nodes_a_run_that_may_still_run_stays():
         assert code == Exit.OK and "-i INVENTORY" in why
 
 
+def test_a_run_of_another_inventory_stays_and_says_which_inventory_prunes_it():
+    assert elsewhere_hold(["a", "b"], {"a", "b", "c"}, "x.ini") is None
+    code, why = elsewhere_hold(["a", "z"], {"a", "b"}, "/p/other.ini")
+    assert code == Exit.OK  # not an error: this inventory cannot reach it
+    assert why == "its nodes z are not in this inventory: prune it with -i /p/other.ini"
+    assert elsewhere_hold(["z"], set(), None)[1].endswith("with the inventory it ran on")
+
+
 def test_the_nodes_decide_a_run_stays_while_any_runs_it_or_is_silent():
     ended = {"state": "succeeded", "removed": True, "bytes": 10}
     assert nodes_hold(["a", "b"], {"a": ended, "b": {"state": "missing", "removed": False}}) \
@@ -95,7 +104,7 @@ def test_the_nodes_decide_a_run_stays_while_any_runs_it_or_is_silent():
     code, why = nodes_hold(["a", "b"], {"a": ended, "b": {"no_answer": "unreachable: timeout"}})
     assert code == Exit.NODE_UNREACHABLE and "b (unreachable: timeout)" in why
     code, why = nodes_hold(["a", "b"], {"a": ended})
-    assert code == Exit.NODE_UNREACHABLE and "b (not in the inventory)" in why
+    assert code == Exit.NODE_UNREACHABLE and "b (no answer)" in why
     code, why = nodes_hold(["a"], {"a": dict(ended, removed=False, error="Permission denied")})
     assert code == Exit.ERROR and "a (Permission denied)" in why
 
