@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import time
@@ -49,7 +50,8 @@ def run_paths(root, run_id):
         "torchrun_logs": os.path.join(run_dir, "torchrun"),
         # Touched by the job, where it wants (TORCHHERD_PROGRESS_FILE): progress without output.
         "progress": os.path.join(run_dir, "progress"),
-        # Written once the job was declared hung: every node's wait then returns.
+        # Written once the job was declared hung: every node's wait then returns. Its time is
+        # the record's hang.declared_at (_runstate's note_hang).
         "hung": os.path.join(run_dir, "hung"),
         # (run.json, the run-state record of the job, barrier, gang and firewall: _runstate.)
         # NCCL's Flight Recorder dumps and the pipes that ask for them (see _stacks).
@@ -257,14 +259,24 @@ def load_json(path, default=None):
         return default
 
 
+# The launcher's own banner, which torchrun prints as its workers start (a line of stars around
+# its OMP_NUM_THREADS notice), after a logging prefix such as "W1128 10:00:00.123000 4242
+# .../run.py:793] ": it says nothing of the job, and a job that prints little would show it as
+# its last line.
+_BANNER = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+ \d+ \S+\] )?(?:\*+|Setting OMP_NUM_THREADS "
+                     r"environment variable for each process .*)$")
+
+
 def last_line(path):
-    """Last non-empty line of a log (read from its last 4 KiB), or ""."""
+    """Last non-empty line of a log (read from its last 4 KiB) that is not the launcher's
+    banner, or ""."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - 4096))
-            lines = [ln for ln in handle.read().decode(errors="replace").splitlines() if ln.strip()]
+            lines = [ln for ln in handle.read().decode(errors="replace").splitlines()
+                     if ln.strip() and not _BANNER.match(ln.strip())]
     except OSError:
         return ""
     return lines[-1] if lines else ""
