@@ -305,6 +305,8 @@ def job_from(args: argparse.Namespace) -> dict[str, Any]:
     the file's variables), checked. Defaults are not filled in: the keys left out come from
     the inventory's job, else from the defaults (driver.inputs)."""
     job = read_job_file(args.job) if args.job else {}
+    if args.job:  # what is wrong in the file is the file's, before any flag is laid over it
+        validate(job, f"job file {args.job}")
     job.update({k.removeprefix("job_"): v for k, v in vars(args).items()
                 if k.startswith("job_") and v is not None})
     for dest, items in vars(args).items():
@@ -320,9 +322,13 @@ def job_from(args: argparse.Namespace) -> dict[str, Any]:
         command = command[1:]
     if command:
         job.update(script=command[0], args=command[1:])
+    # A flag's plain value was checked as argparse read it; the KEY=VALUE pairs of a mapping
+    # (--container, --venv, -e) are checked here, and named by their flags.
+    pairs = [_flag(dest.removeprefix("pairs_")) for dest, items in vars(args).items()
+             if dest.startswith("pairs_") and items]
+    if pairs:
+        validate(job, " ".join(pairs) + (f" over job file {args.job}" if args.job else ""))
     if args.job:
-        # The flags' values were checked as argparse read them: what is left is the file's.
-        validate(job, f"job file {args.job}")
         problem = nproc_problem(job.get("nproc_per_node", "auto"))
         if problem:
             raise JobSpecError(f"job file {args.job}: {problem}; fix: set it to the GPUs per "

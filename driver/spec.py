@@ -48,20 +48,61 @@ def _parsed_spec(path: Path) -> dict[str, Any]:
 
 def validate(job: dict[str, Any], source: str | None = None) -> dict[str, Any]:
     """Check the job as the plan role's argument validation does (ansible-core's own validator,
-    so the same coercions, such as ``firewall: on``, and the same messages); return it coerced,
-    with defaults filled in. ``source`` (e.g. ``job file job.yml``) heads the message."""
+    so the same coercions, such as ``firewall: on``); return it coerced, with defaults filled
+    in. A job that fails is refused in torchherd's words, one line per key (``job.master_port:
+    expected an integer, found 'abc'``), then the fix, then what ansible-playbook says of the
+    same job, word for word. ``source`` (e.g. ``job file job.yml``) heads the message."""
     result = ArgumentSpecValidator(_role_spec()).validate({"torchherd_job": job})
     if result.error_messages:
-        typos = "".join(f"{key} is {close}? " for key, close in suggestions(job).items())
-        # All but the head and the fix is what ansible-playbook says for the same job, word
-        # for word.
+        problems = plain_problems(job, job_options()) or list(result.error_messages)
         raise JobSpecError((f"{source}: " if source else "")
-                           + "Validation of arguments failed:\n"
-                           + "\n".join(result.error_messages)
-                           + "\nfix: " + (f"did you mean: {typos}" if typos else "")
-                           + "correct these keys of the job spec "
-                             "(`torchherd launch --help` lists every key with its type)")
+                           + "expected a job torchherd can run, found:\n"
+                           + "\n".join(f"  {p}" for p in problems)
+                           + "\nfix: correct these keys of the job spec (`torchherd launch "
+                             "--help` lists every key with its type and default)"
+                           + "\nAnsible's validator says: Validation of arguments failed:\n"
+                           + "\n".join(result.error_messages))
     return result.validated_parameters["torchherd_job"]
+
+
+def _expected(opt: dict[str, Any]) -> str:
+    if opt.get("choices"):
+        return "one of " + ", ".join(map(str, opt["choices"]))
+    kind = opt.get("type", "str")
+    if kind == "list":
+        return f"a list of {opt.get('elements', 'str')}"
+    if kind == "dict":
+        keys = ", ".join(opt.get("options") or {})
+        return f"a mapping ({keys})" if keys else "a mapping of NAME: value"
+    return _EXPECTED.get(kind, f"a {kind}")
+
+
+def plain_problems(job: Any, options: dict[str, dict[str, Any]], where: str = "job") -> list[str]:
+    """What is wrong with each key of ``job`` against ``options``, in torchherd's words: an
+    unknown key (with the closest known one), a value of the wrong type or not among the
+    choices, a required key missing; the keys of a mapping key (container, venv) each on its
+    own. Empty where the validator's complaint is none of these."""
+    if not isinstance(job, dict):
+        return [f"{where}: expected a mapping, found {job!r}"]
+    problems = []
+    for key, value in job.items():
+        at = f"{where}.{key}"
+        opt = options.get(key)
+        if opt is None:
+            close = difflib.get_close_matches(str(key), list(options), n=1)
+            problems.append(f"{at}: expected a key of {where}, found an unknown key"
+                            + (f"; did you mean {close[0]}?" if close else ""))
+            continue
+        if opt.get("options") and isinstance(value, dict):
+            problems += plain_problems(value, opt["options"], at)
+            continue
+        alone = {k: v for k, v in opt.items() if k not in ("required", "options")}
+        if ArgumentSpecValidator({key: alone}).validate({key: value}).error_messages:
+            problems.append(f"{at}: expected {_expected(opt)}, found {value!r}")
+    given = job if isinstance(job, dict) else {}
+    problems += [f"{where}.{key}: expected a value ({_expected(opt)}), found none"
+                 for key, opt in options.items() if opt.get("required") and key not in given]
+    return problems
 
 
 def sub_keys(key: str) -> list[str]:
@@ -85,13 +126,6 @@ def sub_keys(key: str) -> list[str]:
         first = re.split(r"\.\s+(?=[A-Z])", plain)[0].rstrip(".")
         described.append(f"{name} ({'; '.join(notes)}): {first}")
     return described
-
-
-def suggestions(job: dict[str, Any]) -> dict[str, str]:
-    """The closest job key to each unknown key of ``job`` that is close to one (a typo)."""
-    known = list(job_options())
-    return {key: close[0] for key in job if key not in known
-            for close in [difflib.get_close_matches(str(key), known, n=1)] if close}
 
 
 def nproc_problem(value: Any) -> str | None:

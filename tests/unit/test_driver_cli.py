@@ -93,9 +93,25 @@ def test_a_bad_value_in_the_job_file_names_the_file_and_the_key(tmp_path):
     with pytest.raises(cli.UsageError) as info:
         job("-j", str(path))
     message = str(info.value)
-    assert message.startswith(f"job file {path}: Validation of arguments failed:")
-    assert "argument 'master_port' is of type str" in message
-    assert "did you mean: nproc_per_nod is nproc_per_node?" in message
+    assert message.startswith(f"job file {path}: expected a job torchherd can run, found:\n")
+    assert "\n  job.master_port: expected an integer, found 'x'\n" in message
+    assert ("\n  job.nproc_per_nod: expected a key of job, found an unknown key; did you mean "
+            "nproc_per_node?\n") in message
+    # Ansible's own words come last, for a search of the error or a user of ansible-playbook.
+    assert "\nAnsible's validator says: Validation of arguments failed:\n" in message
+
+
+def test_a_bad_key_value_pair_is_named_by_its_flag_not_the_job_file(tmp_path):
+    path = tmp_path / "job.yml"
+    path.write_text("script: t.py\n")
+    with pytest.raises(cli.UsageError) as info:
+        job("-j", str(path), "--container", "imag=x")
+    assert str(info.value).startswith(f"--container over job file {path}: expected a job ")
+    assert "job.container.imag: expected a key of job.container, found an unknown key; did " \
+           "you mean image?" in str(info.value)
+    with pytest.raises(cli.UsageError, match=r"^--venv: .*\n  job.venv.system_site_packages: "
+                                             r"expected true or false, found 'maybe'"):
+        job("--venv", "lock=r.txt", "--venv", "system_site_packages=maybe", "--", "t.py")
     path.write_text("script: t.py\nnproc_per_node: abc\n")
     with pytest.raises(cli.UsageError, match=f"job file {path}: job.nproc_per_node: expected a "
                                              f"positive integer or 'auto', found 'abc'"):

@@ -149,7 +149,7 @@ def test_a_bad_value_in_the_inventorys_job_names_the_inventory_and_host(tmp_path
     (inventory.parent / "group_vars" / "torchherd_nodes.yml").write_text(
         "torchherd_job: {script: t.py, nproc_per_nod: 2}\n")
     with pytest.raises(UsageError, match=f"inventory {inventory}: torchherd_job of host n0: "
-                                         f"Validation of arguments failed"):
+                                         f"expected a job torchherd can run"):
         prepare_job({}, str(tmp_path / "runs"), str(inventory), "verify")
 
 

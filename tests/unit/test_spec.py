@@ -20,25 +20,40 @@ def test_unknown_key_is_named_with_the_known_ones():
         validate({"script": "t.py", "nproc": 2})
 
 
-@pytest.mark.parametrize("key,value,expected", [
-    ("master_port", "abc", "argument 'master_port' is of type str found in 'torchherd_job'. "
-                           "and we were unable to convert to int"),
-    ("env", ["A=1"], "argument 'env' is of type list found in 'torchherd_job'. "
-                     "and we were unable to convert to dict"),
-    ("detach", "maybe", "The value 'maybe' is not a valid boolean"),
-    ("rdzv", "etcd", "value of rdzv must be one of: static, c10d, got: etcd"),
+@pytest.mark.parametrize("key,value,ours,ansibles", [
+    ("master_port", "abc", "job.master_port: expected an integer, found 'abc'",
+     "argument 'master_port' is of type str found in 'torchherd_job'. "
+     "and we were unable to convert to int"),
+    ("env", ["A=1"], "job.env: expected a mapping of NAME: value, found ['A=1']",
+     "argument 'env' is of type list found in 'torchherd_job'. "
+     "and we were unable to convert to dict"),
+    ("detach", "maybe", "job.detach: expected true or false, found 'maybe'",
+     "The value 'maybe' is not a valid boolean"),
+    ("rdzv", "etcd", "job.rdzv: expected one of static, c10d, found 'etcd'",
+     "value of rdzv must be one of: static, c10d, got: etcd"),
+    ("container", {"image": "x", "pull": "now"},
+     "job.container.pull: expected one of missing, always, never, found 'now'",
+     "value of pull must be one of: missing, always, never, got: now"),
+    ("venv", {"lok": "r.txt"},
+     "job.venv.lok: expected a key of job.venv, found an unknown key; did you mean lock?",
+     "torchherd_job.venv.lok. Supported parameters include: "),
 ])
-def test_wrong_types_in_ansibles_words(key, value, expected):
+def test_wrong_types_in_torchherds_words_then_ansibles(key, value, ours, ansibles):
     with pytest.raises(JobSpecError) as info:
         validate({"script": "t.py", key: value})
-    assert str(info.value).startswith("Validation of arguments failed:\n")
-    assert expected in str(info.value) and "\nfix: " in str(info.value)
+    message = str(info.value)
+    assert message.startswith("expected a job torchherd can run, found:\n  " + ours + "\n")
+    head, _, ansible = message.partition("\nAnsible's validator says: ")
+    assert "\nfix: " in head and ansible.startswith("Validation of arguments failed:\n")
+    assert ansibles in ansible
 
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(JobSpecError) as info:
         validate({"script": "t.py", "master_port": "x", "backend": "mpi", "zz": 1})
-    assert str(info.value).count("\n") == 4
+    ours = str(info.value).split("\nfix: ")[0].splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in ours] == ["job.master_port", "job.backend",
+                                                             "job.zz"]
 
 
 def test_no_script_is_a_job_less_verify():
@@ -50,10 +65,10 @@ def test_a_typod_key_gets_the_closest_one():
     with pytest.raises(JobSpecError) as info:
         validate({"script": "t.py", "nproc_per_nod": 2, "zzzzzz": 1}, "job file j.yml")
     message = str(info.value)
-    assert message.startswith("job file j.yml: Validation of arguments failed:\n")
-    # After Ansible's own words, in the fix.
-    assert "\nfix: did you mean: nproc_per_nod is nproc_per_node? correct these keys" in message
-    assert "zzzzzz is" not in message
+    assert message.startswith("job file j.yml: expected a job torchherd can run, found:\n")
+    assert ("  job.nproc_per_nod: expected a key of job, found an unknown key; did you mean "
+            "nproc_per_node?\n") in message
+    assert "  job.zzzzzz: expected a key of job, found an unknown key\n" in message
 
 
 @pytest.mark.parametrize("value,ok", [
@@ -129,3 +144,12 @@ def test_role_defaults_agree_with_the_argument_specs():
             for key, opt in (entry.get("options") or {}).items():
                 if key in defaults and "default" in opt and "{{" not in str(defaults[key]):
                     assert opt["default"] == defaults[key], f"{role.name}: {key}"
+
+
+def test_a_required_key_missing_and_a_value_that_is_no_mapping_are_named():
+    from driver.spec import plain_problems
+    options = {"a": {"type": "str", "required": True}, "b": {"type": "int"}}
+    assert plain_problems({"b": 1}, options) == ["job.a: expected a value (a string), found none"]
+    assert plain_problems(["x"], options, "job.venv") == ["job.venv: expected a mapping, found "
+                                                          "['x']"]
+    assert plain_problems({"a": "x", "b": 2}, options) == []
