@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,51 @@ def test_a_collection_on_ansibles_path_comes_first_and_must_match(installed, tmp
     assert f"expected version {ours}" in result["reason"], result["reason"]
     assert "found 0.0.1" in result["reason"]
     assert str(other) in result["reason"], result["reason"]
+
+
+def _section(title: str) -> str:
+    text = (CHECKOUT / "README.md").read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_real_cluster_commands_run_as_written(installed, cluster3, tmp_path):
+    """README's "Point it at a real cluster", from the wheel in a fresh venv, in a project of
+    the user's: its inventory a copy of the cluster's, its code ~/src/myproject. The only
+    change: the job Python of the README's example venv is the nodes' own (which has torch)."""
+    venv, _ = installed
+    section = _section("Point it at a real cluster")
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    shell = [body for lang, body in blocks if not lang]
+    job_yaml = next(body for lang, body in blocks if lang == "yaml")
+    verify = re.search(r"`(torchherd verify [^`]*)`", section).group(1)
+    node_python = "/usr/bin/python3"
+
+    def as_here(command: str) -> str:
+        return command.replace("/opt/venvs/train/bin/python", node_python)
+
+    home, work = tmp_path / "home", tmp_path / "project"
+    (home / "src" / "myproject").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "train_ddp.py", home / "src" / "myproject" / "train.py")
+    (work / "inventories").mkdir(parents=True)
+    shutil.copy(cluster3.inventory, work / "inventories" / "my-cluster.ini")
+    (work / "job.yml").write_text(as_here(job_yaml))
+    env = {**_clean_env(venv), "HOME": str(home), "WANDB_API_KEY": "unused"}
+
+    def run(command: str) -> subprocess.CompletedProcess[str]:
+        done = _run(["bash", "-c", command], cwd=work, env=env)
+        assert done.returncode == 0, (command, (done.stdout + done.stderr)[-3000:])
+        return done
+
+    run(as_here(verify))
+    for command in shell[:2]:  # the launch: torchherd, then ansible-playbook alone
+        run(as_here(command))
+    runs = json.loads(run("torchherd runs --json").stdout)["runs"]
+    # verify's, then both launches' (oldest first).
+    assert [r["state"] for r in runs] == ["verified", "succeeded", "succeeded"], runs
+    run_id = runs[1]["run_id"]
+    for line in shell[2].splitlines():  # after a launch
+        command = line.split("  #")[0].strip().replace("RUN_ID", run_id)
+        command = command.replace("-i INV", "-i inventories/my-cluster.ini")
+        done = run(command)
+        if command.startswith("torchherd stacks"):  # of an ended job: its state, no stack
+            assert f"run {run_id} succeeded" in done.stderr, done.stderr
