@@ -133,7 +133,7 @@ def run_settings(environ: Any) -> dict[str, str]:
         # No configuration of the caller's: the driver's own, for what has no variable.
         env["ANSIBLE_CONFIG"] = str(OWN_CONFIG)
     env.update(collections_env(dict(environ)))
-    # ansible-playbook of this interpreter's environment, also when it is not activated.
+    # The tools of this interpreter's environment first, as where it is activated.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), environ.get("PATH", "")])
     return env
 
@@ -156,26 +156,30 @@ def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
         job.get("interconnect") == "always" or bool(job.get("hang_timeout"))))
 
 
-# ansible-playbook is started through this, so that it does not outlive the driver: where the
-# driver is killed outright (SIGKILL, the OOM killer, a CI runner's hard timeout), the kernel
-# sends ansible-playbook SIGTERM (Linux's parent-death signal, kept across the exec), which ends
-# it and its workers; the job on the nodes goes on, and status tells its state. The parent is
-# checked after the signal is set: a driver that died before would not send it.
-# ansible-runner's pexpect session ignores SIGHUP, so the closed terminal does not end it.
+# ansible-playbook is this interpreter's (python -m ansible playbook), whichever ansible-playbook
+# the PATH has: the same ansible-core as the driver's, and the site-packages where the wheel's
+# collection is (a venv made with --system-site-packages has no ansible-playbook of its own, and
+# the system's would look for the collection elsewhere). On Linux it is started through _TIED,
+# so that it does not outlive the driver: where the driver is killed outright (SIGKILL, the OOM
+# killer, a CI runner's hard timeout), the kernel sends it SIGTERM (the parent-death signal,
+# kept across the exec), which ends it and its workers; the job on the nodes goes on, and
+# status tells its state. The parent is checked after the signal is set: a driver that died
+# before would not send it. (ansible-runner's pexpect session ignores SIGHUP: the closed
+# terminal does not end it.)
 _TIED = ("import ctypes, os, signal, sys\n"
          "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
          "if os.getppid() != int(sys.argv[1]):\n"
          "    sys.exit(128 + signal.SIGTERM)\n"
-         "os.execv(sys.argv[2], sys.argv[2:])\n")
+         "os.execv(sys.executable, [sys.executable, '-m', 'ansible', *sys.argv[2:]])\n")
 
 
-def _tied(env: dict[str, str], name: str) -> tuple[str | None, list[str]]:
-    """ansible-runner's ``binary`` and the arguments before ansible-playbook's own: ansible-playbook
-    tied to this process where the system has a parent-death signal (Linux), else as it is."""
-    found = shutil.which("ansible-playbook", path=env.get("PATH"))
-    if not sys.platform.startswith("linux") or not found:
-        return None, []
-    return sys.executable, ["-c", _TIED, str(os.getpid()), found, playbook(name)]
+def _ansible_playbook(name: str) -> tuple[str, list[str]]:
+    """ansible-runner's ``binary`` and the arguments before ansible-playbook's own options:
+    this interpreter's ansible-playbook running playbook ``name``, tied to this process where
+    the system has a parent-death signal (Linux)."""
+    if sys.platform.startswith("linux"):
+        return sys.executable, ["-c", _TIED, str(os.getpid()), "playbook", playbook(name)]
+    return sys.executable, ["-m", "ansible", "playbook", playbook(name)]
 
 
 def run_playbook(
@@ -225,7 +229,7 @@ def run_playbook(
     env = run_settings(os.environ)
     version = driver_version()
     ident = uuid.uuid4().hex
-    binary, tied = _tied(env, name)
+    binary, leading = _ansible_playbook(name)
     try:
         with contextlib.ExitStack() as pipes:
             extravars_pipe = pipes.enter_context(handed_over(
@@ -247,7 +251,7 @@ def run_playbook(
                 # would be written to a file and read as INI: one host named "node1,node2,".
                 inventory=[str(inventory)],  # driver.inputs.inventory_source made it absolute
                 envvars=env,
-                cmdline=shlex.join([*tied, *_cmdline(all_at_once(name, extravars)),
+                cmdline=shlex.join([*leading, *_cmdline(all_at_once(name, extravars)),
                                     "-e", f"@{extravars_pipe}"]),
                 quiet=True,
                 verbosity=verbosity or None,

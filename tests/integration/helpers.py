@@ -53,6 +53,27 @@ def own_control_path() -> Iterator[Path]:
         shutil.rmtree(cpdir, ignore_errors=True)
 
 
+def build_wheel(root: Path) -> Path:
+    """The wheel of this checkout's tracked files, built in a copy under `root` (building
+    writes build/ and *.egg-info into the tree), as `pip wheel` builds it for a user."""
+    source = root / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / name).is_symlink():  # the templates the wheel ships (torchherd/templates)
+            os.symlink(os.readlink(REPO / name), source / name)
+        elif (REPO / name).is_file():
+            shutil.copy2(REPO / name, source / name)
+    dist = root / "dist"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-q", "-w", str(dist), str(source)],
+                           cwd=root, capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr[-3000:]
+    shutil.rmtree(source)
+    return next(dist.glob("torchherd-*.whl"))
+
+
 def assert_no_job_left(cluster: Any, pattern: str = JOB_PROCS,
                        nodes: Iterable[Any] | None = None) -> None:
     """No process whose command line matches `pattern` on the nodes (default: all of them)."""

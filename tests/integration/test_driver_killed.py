@@ -20,7 +20,7 @@ from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS, live_processes_
 
 def playbooks_of(tmp: Path) -> list[int]:
     """ansible-playbook processes (and their workers) of the driver whose TMPDIR is `tmp`: their
-    command line names its private directory there."""
+    command line (python -m ansible playbook ...) names its private directory there."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -30,8 +30,7 @@ def playbooks_of(tmp: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if (state != "Z" and any(a.endswith(b"ansible-playbook") for a in argv)
-                and any(str(tmp).encode() in a for a in argv)):
+        if state != "Z" and b"playbook" in argv and any(str(tmp).encode() in a for a in argv):
             found.append(int(entry.name))
     return found
 
@@ -92,9 +91,11 @@ def test_a_closed_terminal_stops_the_launch_as_ctrl_c_does(tmp_path):
     launch = start(tmp, runs, run_id)
     node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
     try:
-        wait_for(lambda: len(playbooks_of(tmp)) >= 2 and all(live_processes_of(d)
-                                                             for d in node_runs),
-                 180, "the watch's wait on the running job")
+        # Started (a node's record is written by its start; the launcher started ahead in
+        # preflight is a process of the run before that), and watched.
+        wait_for(lambda: all((d / "run.json").exists() and live_processes_of(d)
+                             for d in node_runs), 180, "the job on both nodes")
+        wait_for(lambda: len(playbooks_of(tmp)) >= 2, 60, "the watch's wait")
         launch.send_signal(signal.SIGHUP)
         assert launch.wait(120) == 130
     finally:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from driver.paths import CHECKOUT
-from tests.integration.helpers import EXAMPLES
+from tests.integration.helpers import EXAMPLES, build_wheel
 
 pytestmark = pytest.mark.cluster
 
@@ -40,28 +40,14 @@ def _clean_env(venv: Path) -> dict[str, str]:
 def installed(tmp_path_factory):
     """(venv, workdir): the wheel built from this checkout, installed into a fresh venv."""
     root = tmp_path_factory.mktemp("install")
-    source = root / "source"  # a copy: building writes build/ and *.egg-info into the tree
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=CHECKOUT, capture_output=True,
-                             check=True).stdout.decode().split("\0")
-    for name in filter(None, tracked):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        if (CHECKOUT / name).is_symlink():  # the templates the wheel ships (torchherd/templates)
-            os.symlink(os.readlink(CHECKOUT / name), source / name)
-        elif (CHECKOUT / name).is_file():
-            shutil.copy2(CHECKOUT / name, source / name)
-    dist = root / "dist"
     started = time.monotonic()
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-q", "-w", dist, source], cwd=root, env=dict(os.environ))
-    assert built.returncode == 0, built.stderr[-3000:]
-    wheel = next(dist.glob("torchherd-*.whl"))
+    wheel = build_wheel(root)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     # Dependencies from the package index (pip's cache makes this quick after setup.sh).
     pip = _run([venv / "bin" / "pip", "install", "-q", wheel], cwd=root, env=_clean_env(venv))
     assert pip.returncode == 0, pip.stderr[-3000:]
     print(f"wheel built and installed in {time.monotonic() - started:.1f} s", file=sys.stderr)
-    shutil.rmtree(source)
     work = root / "work"
     work.mkdir()
     shutil.copytree(EXAMPLES, work / "code")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster import slurm as slurm_cluster
 from tests.cluster import testbed
-from tests.integration.helpers import EXAMPLES, REPO, wait_for
+from tests.integration.helpers import EXAMPLES, REPO, build_wheel, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -28,9 +28,11 @@ ANSIBLE_ENV = ["env", f"ANSIBLE_CONFIG={REPO / 'ansible.cfg'}",
                "ANSIBLE_INVENTORY_UNPARSED_FAILED=1"]
 OK_LINE = re.compile(r"torchherd-allreduce ok host=(\S+) node_rank=(\d+) local_rank=0 rank=(\d+)")
 # Anything of a torchherd launch on a node: torchrun and workers, the supervisor and modules
-# (a bare interpreter: pipelined Ansible), srun, the driver and ansible-playbook, SSH masters.
+# (a bare interpreter: pipelined Ansible), srun, the driver and ansible-playbook (python -m
+# ansible playbook, as the driver runs it), SSH masters.
 JOB_PROCS = re.compile(
     r"torch\.distributed\.run|allreduce\.py|^srun |driver launch|ansible-playbook"
+    r"|-m ansible playbook|torchherd launch"
     r"|^/usr/bin/python3(\.11)?$|^ssh: |slurmstepd: \[\d+\.\d+\]"
 )
 
@@ -84,6 +86,39 @@ def node_logs(cluster, job_id, hosts, lines: int = 40) -> str:
         f"\n--- {host}: {run_dir}/node.log (last {lines} lines)\n"
         + cluster.exec(host, ["tail", "-n", str(lines), f"{run_dir}/node.log"], check=False).stdout
         for host in hosts)
+
+
+def test_the_template_from_a_pip_install_runs_with_the_installed_torchherd(slurm, tmp_path):
+    """A user with torchherd from the wheel: a venv on every node (shared storage on a real
+    site), `torchherd init` of a project, the venv activated before sbatch: the template finds
+    the installed torchherd, with no checkout anywhere in its environment."""
+    wheel = build_wheel(tmp_path)
+    venv, project = "/root/th-venv", "/root/th-project"
+    for node in (slurm.ctl, *slurm.nodes):
+        testbed.podman("cp", str(wheel), f"{node.name}:/root/{wheel.name}")
+        # The image's python3 has the driver's dependencies (no index in the cluster); its pip
+        # installs into the venv it runs in.
+        slurm.exec(node, ["python3", "-m", "venv", "--without-pip", "--system-site-packages",
+                          venv])
+        slurm.exec(node, [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--no-deps",
+                          "--no-index", f"/root/{wheel.name}"])
+        slurm.exec(node, [f"{venv}/bin/torchherd", "init", project])
+    submitted = slurm.slurm([
+        "env", f"PATH={venv}/bin:/usr/local/bin:/usr/bin:/bin", "sbatch", "--parsable", "--wait",
+        "--nodes=2", f"--chdir={project}", f"--output={project}/torchherd-%j.out",
+        "examples/torchherd.sbatch", "--code-src", "examples", "--nproc-per-node", "1", "--",
+        "allreduce.py",
+    ], check=False, timeout=300)  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    allocated = slurm.job_nodes(job_id)
+    output = slurm.exec(allocated[0], ["cat", f"{project}/torchherd-{job_id}.out"]).stdout
+    assert submitted.returncode == 0, output + node_logs(slurm, job_id, allocated)
+    assert "succeeded: every node exited 0" in output
+    summary = json.loads(slurm.exec(allocated[0], [
+        "cat", f"{project}/runs/slurm-{job_id}/summary.json"]).stdout)
+    assert summary["state"] == "succeeded" and summary["world_size"] == 2
+    # It was the installed torchherd that ran: its collection, not the checkout's.
+    assert str(REPO) not in output
 
 
 def test_inventory_lists_exactly_the_allocated_nodes(slurm):
