@@ -16,6 +16,7 @@ from test_supervisor import ended, params, print_to_fd_1, python
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.report import report
 from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.stop import stop
+from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.wait import wait
 from ansible_collections.torchherd.cluster.plugins.module_utils._proc import proc_start_time
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     job_pids,
@@ -25,21 +26,24 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     supervisor_alive,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    HUNG,
     MARKERS,
     RECORD,
     marker_text,
     read_record,
+    rules_open,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
     check_start,
     spawn,
 )
+from ansible_collections.torchherd.cluster.plugins.modules import firewall_rules
 
 # What meta.json may hold: the run's description as the start gave it, not its course.
 DESCRIPTION = {"host", "node_rank", "wrapper", "standby", "container"}
-# Files that state no fact of the run: its inputs (argv, environment), its output and the
-# record's own lock.
-NO_FACT = {"cmd.json", "env.json", "node.log", f".{RECORD}.lock"}
+# Files that state no fact of the run: its inputs (argv, environment), its output (the node
+# log, the progress file the job touches) and the record's own lock.
+NO_FACT = {"cmd.json", "env.json", "node.log", "progress", f".{RECORD}.lock"}
 NO_FACT_DIRS = {"torchrun", "flight_recorder"}
 
 
@@ -63,6 +67,10 @@ def facts_missing(run_dir):
             with open(path, encoding="utf-8") as handle:
                 extra = set(json.load(handle)) - DESCRIPTION
             missing += [f"meta.json: {key}" for key in sorted(extra)]
+        elif name == HUNG:
+            # The declared hang: its time is the record's hang.declared_at (note_hang).
+            missing += _marker_missing(name, path, "declared_at",
+                                       (record.get("hang") or {}).get("declared_at"))
         elif name == "terminating":
             # The first of several stoppers: a stop or the timeout, which the record holds.
             if job.get("stopped_at") is None and job.get("timed_out_at") is None:
@@ -168,16 +176,87 @@ def test_restarted(tmp_path, monkeypatch):
     assert recorded_job(paths["dir"])["restart"] == 1
 
 
+def test_declared_hung_and_stopped(tmp_path, monkeypatch):
+    """The hang watch's word and the declared hang are the record's: the `hung` file that
+    job_stacks writes is in the record once a wait saw it, with the activity the wait saw."""
+    paths = _run(tmp_path, monkeypatch, "print('step', flush=True); import time; time.sleep(60)")
+    _until_running(paths)
+    module = SimpleNamespace(check_mode=False)
+    p = {"hang": {"timeout": 0.5, "quiet_since": 0.0}, "gang": False, "firewall": None}
+    quiet = wait(module, p, paths, 10)
+    assert quiet["job_state"] == "running" and quiet["activity"]["quiet"]
+    hang = read_record(paths)["hang"]
+    assert hang["quiet"] and hang["last"] == quiet["activity"]["last"]
+    # Declared hung (as job_stacks' mark_hung writes it): a word the record lacks, until the
+    # next wait returns for it.
+    with open(paths["hung"], "w", encoding="utf-8") as handle:
+        handle.write(f"{time.time()}\n")
+    assert facts_missing(paths["dir"])[0].startswith("hung: ")
+    p["hang"]["quiet_since"] = hang["last"]
+    assert wait(module, p, paths, 10)["activity"]["hung"]
+    assert not facts_missing(paths["dir"]), facts_missing(paths["dir"])
+    stop(SimpleNamespace(check_mode=False), params(grace=1), paths)
+    _ended_with(paths, "stopped", -15)
+    assert read_record(paths)["hang"]["declared_at"] is not None
+
+
+def test_declared_hung_and_stopped_with_no_wait_between(tmp_path, monkeypatch):
+    """The node whose wait declared the hang reads the stacks (mark_hung) and stops the job
+    at once: the stop writes the declared hang into the record before the job's end."""
+    paths = _run(tmp_path, monkeypatch, "import time; time.sleep(60)")
+    _until_running(paths)
+    with open(paths["hung"], "w", encoding="utf-8") as handle:
+        handle.write("1795499931.25\n")
+    stop(SimpleNamespace(check_mode=False), params(grace=1), paths)
+    _ended_with(paths, "stopped", -15)
+    assert read_record(paths)["hang"] == {"declared_at": 1795499931.25}
+
+
+def test_declared_hung_and_ended_by_the_gang(tmp_path, monkeypatch):
+    """The job of a node whose stop came too late (the gang's stop from another node ended
+    it first): its supervisor writes the declared hang into the record before the end."""
+    paths = _run(tmp_path, monkeypatch, "import time; time.sleep(60)")
+    _until_running(paths)
+    with open(paths["hung"], "w", encoding="utf-8") as handle:
+        handle.write("1795499931.75\n")
+    os.kill(recorded_job(paths["dir"])["launcher"]["pid"], signal.SIGTERM)
+    _ended_with(paths, "failed", -15)
+    assert read_record(paths)["hang"] == {"declared_at": 1795499931.75}
+
+
+def test_rules_the_firewall_role_opened_and_its_teardown_removed(tmp_path, monkeypatch):
+    """The firewall role's module writes what it opened before the start (which finds the run
+    directory with the record alone) and what its teardown removed after the end."""
+    paths = run_paths(str(tmp_path), "r1")
+    rules = ["nft: accept from 10.0.0.2"]
+    firewall_rules.note({"state": "present", "run_dir": paths["dir"]},
+                        {"changed": True, "rules": rules, "backends": ["nftables"]})
+    assert not facts_missing(paths["dir"])
+    assert read_state(paths)["state"] == "absent"
+    print_to_fd_1(monkeypatch)
+    p = params(grace=1)
+    check_start(p, paths)
+    spawn(p, paths, python("print('done')"), {})
+    _ended_with(paths, "succeeded", 0)
+    assert rules_open(read_record(paths)) == rules
+    firewall_rules.note({"state": "absent", "run_dir": paths["dir"]},
+                        {"changed": True, "diff": {"before": rules[0] + "\n", "after": ""}})
+    record = read_record(paths)
+    assert rules_open(record) == [] and record["firewall"]["removed"] == rules
+    assert not facts_missing(paths["dir"]), facts_missing(paths["dir"])
+
+
 def test_a_file_the_record_lacks_fails(tmp_path, monkeypatch):
-    """The check itself: a marker that says more than the record, an end time in meta.json and
-    a file nobody classified are each named."""
+    """The check itself: a marker that says more than the record, an end time in meta.json, a
+    declared hang the record lacks and a file nobody classified are each named."""
     paths = _run(tmp_path, monkeypatch, "print('done')")
     _ended_with(paths, "succeeded", 0)
     for name, text in (("stopped", "1.0\n"), ("meta.json", '{"ended_at": 1.0}'),
-                       ("surprise", "")):
+                       ("surprise", ""), ("hung", "2.0\n")):
         with open(os.path.join(paths["dir"], name), "w", encoding="utf-8") as handle:
             handle.write(text)
-    assert facts_missing(paths["dir"]) == ["meta.json: ended_at",
+    assert facts_missing(paths["dir"]) == ["hung: '2.0', the record has nothing",
+                                           "meta.json: ended_at",
                                            "stopped: '1.0', the record has nothing",
                                            "surprise: a file nobody classified"]
 

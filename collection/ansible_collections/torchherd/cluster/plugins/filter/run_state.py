@@ -23,14 +23,18 @@ description:
     by the start, the job's supervisor, the wait and the stop; see C(_runstate)). Every answer of
     M(torchherd.cluster.torchrun_job) carries a copy (C(record)), and collect brings the file
     back (under O(nodes_dir)); the newest copy of each node wins (its C(seq)).
+  - The firewall role's M(torchherd.cluster.firewall_rules) writes what it opened under become
+    into the same record (its C(run_dir)) and answers with a copy (C(torchherd_firewall)'s
+    C(record)), which counts as the others do.
   - Adds what the controller alone knows, once for all nodes, so that no play deduces it from
     registered results, C(lost) (no answer over SSH, or named lost by the master's gang, whose
-    record says which nodes it lost) and C(rules_open), the firewall rules still in place (the
-    record's, and those the firewall role opened under become, from its result
-    C(torchherd_firewall)); a node that the plan gives no firewall (C(torchherd_node)), or
-    whose start opened the rules itself (its answer C(torchherd_start) says so), has none of the
-    role's; where nothing is known of a node's rules, C(rules_open) says so (the single rule
-    C(unknown)), so that the teardown visits it.
+    record says which nodes it lost) and C(rules_open), the firewall rules still in place, as
+    the record has them (opened by the start or by the firewall role). Where the record does
+    not say what the role opened (the role was given no C(run_dir), or its module failed), the
+    role's result C(torchherd_firewall) says it; a node that the plan gives no firewall
+    (C(torchherd_node)), or whose start opened the rules itself (its answer C(torchherd_start)
+    says so), has none of the role's; where nothing is known of a node's rules, C(rules_open)
+    says so (the single rule C(unknown)), so that the teardown visits it.
 positional: _input, hostvars
 options:
   _input:
@@ -88,6 +92,9 @@ _value:
 
 # The registered results of the launch's phases that answer with a copy of the record.
 RESULTS = ("torchherd_start", "torchherd_watch", "torchherd_stop", "torchherd_status")
+# And the firewall role's, which carries a copy where it wrote the record (not a phase of the
+# job: its unreachable host is not a node lost while its job ran).
+COPIES = ("torchherd_firewall",) + RESULTS
 UNKNOWN = "unknown"
 
 
@@ -139,7 +146,7 @@ def run_state(hosts, hostvars, nodes_dir=""):
     records = {}
     for host in hosts:
         hv = hostvars.get(host, {})
-        copies = [_plain(hv.get(key)).get("record") for key in RESULTS]
+        copies = [_plain(hv.get(key)).get("record") for key in COPIES]
         records[host] = newest(copies + [_collected(nodes_dir, host)])
     gang_lost = {name for rec in records.values() if rec
                  for name in (_plain(rec.get("gang")).get("lost") or [])}
@@ -150,11 +157,15 @@ def run_state(hosts, hostvars, nodes_dir=""):
     for host in hosts:
         hv = hostvars.get(host, {})
         record = records[host] or empty()
-        role = _role_rules(hv)
-        if role is None and not record.get("firewall"):
-            rules = [UNKNOWN]
+        if _plain(record.get("firewall")).get("opened_by") == "role":
+            # The role wrote what it opened, and the removals write theirs: the record alone.
+            rules = rules_open(record)
         else:
-            rules = (role or []) + rules_open(record)
+            role = _role_rules(hv)
+            if role is None and not record.get("firewall"):
+                rules = [UNKNOWN]
+            else:
+                rules = (role or []) + rules_open(record)
         why = ""
         unreachable = [key for key in RESULTS if _plain(hv.get(key)).get("unreachable")]
         if unreachable:

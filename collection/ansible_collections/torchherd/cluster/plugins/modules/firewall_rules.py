@@ -40,6 +40,9 @@ description:
     run added them, so that only those are removed, and only by the last run that needs them.
   - Runs that change the firewall of one node at the same time wait for each other (a lock
     in C(/run)).
+  - With O(run_dir), what was opened or removed goes into the node's run-state record of the
+    run (C(run.json) there, section C(firewall)), where the controller and the job's own
+    removers read it, and RV(record) returns it.
 notes:
   - Needs root (C(become)). All commands run as argument lists, never through a shell.
   - Rules apply to TCP on the input hook. Filtering elsewhere (an nftables prerouting or
@@ -109,6 +112,21 @@ options:
         says so.
     type: bool
     default: false
+  run_dir:
+    description:
+      - The run's directory on the node (C(<root>/runs/<run_id>), the job user's, an absolute
+        path since C(~) would be the home of the user the module runs as, root with become).
+      - With O(state=present), the rules the module opened go into the directory's run-state
+        record (C(opened_by) C(role), C(rules), C(backends)), made where the start has not made
+        it yet. With O(state=absent), the removal (C(closed_by) C(teardown), C(changed),
+        C(removed), C(error), also where it failed) goes there, where the directory exists and
+        the removal says something the record does not (a removal that found nothing leaves a
+        record whose rules are already gone as it is).
+      - Files the module makes there as root belong to the directory's owner, so that the
+        job's own writers go on writing the record. Not written in check mode.
+      - Empty writes no record.
+    type: path
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -128,6 +146,13 @@ EXAMPLES = r"""
   torchherd.cluster.firewall_rules:
     state: absent
     run_id: 20261121-105606-985c
+
+- name: Allow the job's traffic, and say so in the run's record (the job runs as alice)
+  torchherd.cluster.firewall_rules:
+    run_id: 20261121-105606-985c
+    peers: [10.0.0.2]
+    run_dir: /home/alice/.torchherd/runs/20261121-105606-985c
+  become: true
 """
 
 RETURN = r"""
@@ -154,12 +179,25 @@ peers:
   type: list
   elements: str
   sample: [10.0.0.2, 10.0.0.3]
+record:
+  description:
+    - The run-state record of O(run_dir) after this call (see M(torchherd.cluster.torchrun_job)'s
+      C(record)); the controller takes the newest copy of a node's record (filter
+      C(torchherd.cluster.run_state)).
+  returned: where O(run_dir) was written
+  type: dict
+  sample:
+    schema: 1
+    seq: 1
+    firewall: {opened_by: role, rules: ['nftables inet filter input: ip saddr { 10.0.0.2 } meta l4proto tcp accept comment "torchherd:run-1:2f1c0a9e"'], backends: [nftables]}
 msg:
   description: What happened, in one line.
   returned: always
   type: str
   sample: "nftables: 0 rule(s) before, 1 after"
 """
+
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -169,6 +207,32 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
     Runner,
     converge_rules,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    read_record,
+    rules_closed,
+    rules_open,
+    rules_opened,
+    write,
+)
+
+
+def note(p, result):
+    """What this call opened or removed, into the run's record (p["run_dir"]); the record
+    afterwards, or None where there was nothing to write."""
+    paths = {"dir": p["run_dir"]}
+    if p["state"] == "present":
+        # A removal written before (an earlier launch of the run id) no longer holds.
+        return write(paths, "firewall", closed_by=None, changed=None, error=None,
+                     **rules_opened("role", result))
+    if not os.path.isdir(paths["dir"]):
+        return None  # the run never came to this node: no directory made for a removal
+    before = read_record(paths)
+    if not (result.get("changed") or result.get("error") or rules_open(before)):
+        return None  # the record has the rules gone already (the supervisor, the wait)
+    diff = result.get("diff") or {}
+    after = set((diff.get("after") or "").splitlines())
+    removed = [line for line in (diff.get("before") or "").splitlines() if line not in after]
+    return write(paths, "firewall", removed=removed, **rules_closed("teardown", result))
 
 
 def main():
@@ -176,15 +240,35 @@ def main():
         argument_spec=dict(
             state=dict(type="str", default="present", choices=["present", "absent"]),
             run_id=dict(type="str", required=True),
+            run_dir=dict(type="path", default=""),
             **RULE_OPTIONS,
         ),
         supports_check_mode=True,
     )
+    p = module.params
+    recorded = p["run_dir"] and not module.check_mode
     try:
-        result = converge_rules(Runner(module), module.params)
+        result = converge_rules(Runner(module), p)
     except FirewallError as exc:
+        if recorded and p["state"] == "absent":
+            # The rules may still be there: the record keeps them open for a later teardown.
+            _note(module, {"changed": False, "error": exc.msg})
         module.fail_json(msg=exc.msg, **exc.details)
+    if recorded:
+        record = _note(module, result)
+        if record is not None:
+            result["record"] = record
     module.exit_json(**result)
+
+
+def _note(module, result):
+    """note, where a record that cannot be written is a warning: the firewall changed, and the
+    result says how (the controller reads it where no record says more)."""
+    try:
+        return note(module.params, result)
+    except OSError as exc:
+        module.warn(f"the run's record in {module.params['run_dir']} was not written: {exc}")
+        return None
 
 
 if __name__ == "__main__":

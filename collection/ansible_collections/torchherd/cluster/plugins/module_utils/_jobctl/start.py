@@ -17,6 +17,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import l
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
     empty,
     read_record,
+    rules_opened,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import (
@@ -49,8 +50,7 @@ def start(module, p, paths):
     # directory on the node (nothing started), its answer says what it saw.
     seen = empty()
     if opened.get("firewall", {}).get("rules"):
-        seen["firewall"] = {"opened_by": "start", "rules": opened["firewall"]["rules"],
-                            "backends": opened["firewall"].get("backends") or []}
+        seen["firewall"] = rules_opened("start", opened["firewall"])
     probe = gang = None
     if p["barrier"] and not p["barrier"]["background"]:
         b = p["barrier"]

@@ -20,7 +20,12 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     sleep_until_gone,
     supervisor_alive,
 )
-from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    declared_hang,
+    note_hang,
+    read_record,
+    rules_closed,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 
 
@@ -70,10 +75,7 @@ def wait(module, p, paths, timeout):
         if not extra["gang_ended"]:
             state = "running"  # for the rules below: the job is not over everywhere yet
     if hang:
-        last = last_activity(paths)
-        extra["activity"] = {"last": last, "quiet": last is not None
-                             and time.time() - last >= hang["timeout"],
-                             "hung": os.path.exists(paths["hung"])}
+        extra["activity"] = _activity(module, paths, hang)
     # Once the job has ended here, its rules go in this same call (no teardown round trip).
     if p["firewall"] is not None and state != "running" and not module.check_mode:
         closed = close_firewall(module, p, paths)
@@ -95,6 +97,29 @@ def _quiet_changed(paths, hang):
     return time.time() - last >= hang["timeout"]
 
 
+def _activity(module, paths, hang):
+    """What the hang watch saw on this node, for the answer and, where the job has a run
+    directory here, for the record's hang section: the node's last progress (its clock), how
+    long it has been quiet, whether that is the hang timeout or more, and the hang once
+    declared (the `hung` file's time)."""
+    now = time.time()
+    last = last_activity(paths)
+    declared = declared_hang(paths)
+    activity = {"last": last, "quiet": last is not None and now - last >= hang["timeout"],
+                "hung": declared is not None}
+    if not module.check_mode and os.path.isdir(paths["dir"]):
+        seen = {"timeout": hang["timeout"], "quiet_since": hang["quiet_since"] or None,
+                "last": last, "quiet": activity["quiet"], "noted_at": now,
+                "quiet_for": None if last is None else round(now - last, 1)}
+        if declared is not None:
+            seen["declared_at"] = declared
+        try:
+            note_hang(paths, **seen)
+        except OSError as exc:  # the answer still carries the word: the watch goes on
+            module.warn(f"the hang watch's word was not written to the run's record: {exc}")
+    return activity
+
+
 def _gang(paths):
     """The master's gang as its record has it, or None before it formed."""
     formed = read_record(paths)["gang"]
@@ -109,8 +134,7 @@ def close_firewall(module, p, paths):
     if fw.get("closed_by") and not fw.get("error"):
         return {"changed": False, "closed_by": fw["closed_by"]}
     closed = close_rules(Runner(module), p["run_id"], p["firewall"])
-    record(paths, "firewall", closed_by="wait", changed=bool(closed.get("changed")),
-           error=closed.get("error"))
+    record(paths, "firewall", **rules_closed("wait", closed))
     if "error" in closed:
         module.warn(f"the rules of run {p['run_id']} could not be removed here: {closed['error']}")
     return closed

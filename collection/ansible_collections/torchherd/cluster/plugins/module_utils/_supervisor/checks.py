@@ -9,6 +9,10 @@ import os
 import shutil
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import read_state
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    carry_over,
+    read_record,
+)
 
 
 class StartError(Exception):
@@ -39,6 +43,7 @@ def keep_ended_run(p, paths, state):
             os.rename(os.path.join(earlier, name), os.path.join(kept, name))
         os.rmdir(earlier)
     os.rename(staging, os.path.join(kept, str(number)))
+    carry_over(paths, read_record({"dir": os.path.join(kept, str(number))}))
     return True
 
 

@@ -11,7 +11,10 @@ import time
 from ansible_collections.torchherd.cluster.plugins.module_utils._container import remove
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import load_json
-from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_job
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    hang_seen,
+    note_job,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.firewall import (
     close_start_rules,
 )
@@ -38,6 +41,12 @@ def finish(paths, code, running, gang, meeting, warm, close):
     if close is not None:
         close_start_rules(close, paths)
     _remove_container(paths)
+    try:
+        # A hang declared while the job ran (the `hung` file), into the record before its end,
+        # also where the job ended by the gang's stop and no wait or stop here saw the file.
+        hang_seen(paths)
+    except OSError as exc:  # the exit code must be written whatever happens here
+        say(f"the declared hang could not be written to the run's record: {exc}")
     # One write: whoever sees the exit code finds the end time too.
     note_job(paths, exit_code=code, ended_at=time.time())
     # The others hear of this end once it is on disk here; the master stays for theirs.

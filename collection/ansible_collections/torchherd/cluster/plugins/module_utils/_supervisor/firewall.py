@@ -8,6 +8,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
     ProcessRunner,
     close_rules,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import rules_closed
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.nodelog import say
 
@@ -22,5 +23,4 @@ def close_start_rules(close, paths):
         closed = {"changed": False, "error": f"{type(exc).__name__}: {exc}"}
     if "error" in closed:
         say(f"the rules of run {close['run_id']} could not be removed here: {closed['error']}")
-    record(paths, "firewall", closed_by="supervisor", changed=bool(closed.get("changed")),
-           error=closed.get("error"))
+    record(paths, "firewall", **rules_closed("supervisor", closed))
