@@ -25,7 +25,8 @@ description:
     the address from the rank's environment (C(NCCL_RAS_ADDR), else C(localhost:28028)) - which
     ranks of which communicator have not joined, are behind in their collectives or are dead.
     RAS answers from a thread of its own, also while the rank's other threads are stuck.
-  - With O(mark_hung), writes the run's C(hung) file first, which ends every node's hang watch.
+  - With O(mark_hung), writes the run's C(hung) file first, which ends every node's hang watch,
+    and the declared hang into the node's run record (its C(hang) section).
 extends_documentation_fragment:
   - torchherd.cluster._attributes
 attributes:
@@ -51,7 +52,8 @@ options:
     type: path
     default: ""
   mark_hung:
-    description: Write the run's C(hung) file (the job was declared hung).
+    description: Write the run's C(hung) file and the record's C(hang.declared_at) (the job was
+      declared hung).
     type: bool
     default: false
   flight_recorder_wait:
@@ -130,8 +132,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import run_paths
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_hang
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import (
     StacksError,
     collect,
@@ -159,7 +161,8 @@ def main():
                          checked_at=time.time())
     changed = False
     if p["mark_hung"] and os.path.isdir(paths["dir"]):
-        write_atomic(paths["hung"], f"{time.time()}\n")
+        # The declared hang into the record too (its hang section), the hung file first.
+        note_hang(paths, declared_at=time.time())
         changed = True
     try:
         found = collect(paths["dir"], p["python"], p["flight_recorder_wait"])

@@ -61,7 +61,8 @@ attributes:
       - A wait changes the node only with O(firewall), once the job has ended there - it removes
         the run's rules where the job's supervisor has not and writes that (or why it could
         not) to the run-state record; a second wait then reports no change, unless the removal
-        failed and it tries again.
+        failed and it tries again. With O(hang), a wait also writes what the node said to the
+        hang watch into the record's C(hang) section (and reports no change for it).
       - With O(hang), the action writes what the node said to the hang watch's files on the
         controller, and the first wait that finds every node quiet declares the job hung.
       - Stopping a stopped job changes nothing.
@@ -245,7 +246,9 @@ record:
       C(exit_code), C(ended_at) from the supervisor;
       C(stopped_at), C(killed) from a stop), C(barrier) (C(where) it ran, C(go), what it saw),
       C(gang) (on the master, C(joined), C(expected), C(lost)), C(firewall) (C(opened_by),
-      C(rules); C(closed_by), C(error)).
+      C(rules); C(closed_by), C(error)), C(hang) (the hang watch's word: C(timeout),
+      C(quiet_since), C(last), C(quiet), C(quiet_for), C(noted_at); C(declared_at) once the job
+      was declared hung).
   returned: except with O(state=started) in check mode or where the start failed
   type: dict
   sample:
