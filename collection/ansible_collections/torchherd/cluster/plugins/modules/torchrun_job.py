@@ -246,7 +246,7 @@ record:
       C(exit_code), C(ended_at) from the supervisor;
       C(stopped_at), C(killed) from a stop), C(barrier) (C(where) it ran, C(go), what it saw),
       C(gang) (on the master, C(joined), C(expected), C(lost)), C(firewall) (C(opened_by),
-      C(rules); C(closed_by), C(error)), C(hang) (the hang watch's word: C(timeout),
+      C(rules); C(closed_by), C(error)), C(hang) (the hang watch's word - C(timeout),
       C(quiet_since), C(last), C(quiet), C(quiet_for), C(noted_at); C(declared_at) once the job
       was declared hung).
   returned: except with O(state=started) in check mode or where the start failed
