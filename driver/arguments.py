@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from argcomplete.completers import ChoicesCompleter
 
-from driver import actions
+from driver import actions, ansible_options
 from driver.paths import driver_version
 from driver.result import Exit, UsageError
 from driver.spec import (
@@ -180,6 +180,11 @@ def _job_args(parser: argparse.ArgumentParser, launch: bool) -> None:
                             help="on Ctrl-C: stop the job on every node, or leave it running "
                                  "detached (default: %(default)s)")
     _common(parser, job=True)
+    ansible_options.add_arguments(parser)
+    if launch:
+        parser.add_argument("--check", action="store_true",
+                            help="not a launch: `torchherd verify` is the dry run (preflight on "
+                                 "every node, nothing started)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- script [args...] (script relative to --code-src)")
 
@@ -204,6 +209,8 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory",
                         help="Ansible inventory (default: the one the run was launched with)")
     _common(parser)
+    # logs' -f is --follow: its forks are --forks alone.
+    ansible_options.add_arguments(parser, short_forks=parser.prog.split()[-1] != "logs")
 
 
 def _common(parser: argparse.ArgumentParser, *, job: bool = False, verbose: bool = True) -> None:
@@ -281,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--yes", action="store_true",
                       help="with --prune: really remove (default: a dry run)")
     _common(runs)
+    ansible_options.add_arguments(runs)
     init = action("init", "write a job file, inventories and examples to start from",
                   "", "my-project --force")
     init.add_argument("dir", nargs="?", default=".",

@@ -15,7 +15,7 @@ from pathlib import Path
 import argcomplete
 
 import driver
-from driver import api
+from driver import ansible_options, api
 from driver.arguments import build_parser, job_from
 from driver.prune import parse_duration
 from driver.result import Exit, UsageError, usage_document
@@ -164,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
+        if getattr(args, "check", False):
+            raise UsageError("launch --check: expected a launch, found Ansible's dry-run flag; "
+                             "fix: torchherd verify with the same flags is the dry run "
+                             "(preflight on every node, nothing started)")
+        ansible_options.apply(args)
         interrupt_on_signals()
         return _ACTIONS[args.action](args, Ui(getattr(args, "verbose", 0)))
     except UsageError as exc:

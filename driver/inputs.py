@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from driver.ansible_options import vault_secrets
 from driver.result import DRIVER_FILE, UsageError, read_json
 from driver.spec import JobSpecError, nproc_problem, validate
 
@@ -129,7 +130,6 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
         return "", {}
     if not _may_hold_a_job(source):
         return "", {}
-    from ansible import constants
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -139,15 +139,10 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
     loader = DataLoader()
     name = ""
     try:
-        # The caller's vault passwords, as ansible-playbook takes them from their
-        # configuration (vault_identity_list; vault_password_file, which this adds itself): a
-        # vaulted group_vars file must not stop the read.
-        if constants.DEFAULT_VAULT_PASSWORD_FILE or constants.DEFAULT_VAULT_IDENTITY_LIST:
-            from ansible.cli import CLI  # a tenth of a second: only where there is a vault
-
-            loader.set_vault_secrets(CLI.setup_vault_secrets(
-                loader, constants.DEFAULT_VAULT_IDENTITY_LIST, vault_password_files=[],
-                ask_vault_pass=False, auto_prompt=False, initialize_context=False))
+        # The caller's vault passwords, as ansible-playbook takes them (the configuration's,
+        # --vault-password-file, the one -J asked for): a vaulted group_vars file must not
+        # stop the read.
+        loader.set_vault_secrets(vault_secrets())
         try:
             inventory = InventoryManager(loader=loader, sources=[source])
         except AnsibleError:
@@ -169,8 +164,9 @@ def inventory_job(source: str) -> tuple[str, dict[str, Any]]:
         raise JobSpecError(f"inventory {source}: torchherd_job{f' of host {name}' if name else ''}"
                            f": expected variables the driver can read, found {exc.message}; "
                            f"fix: correct the inventory (ansible-inventory -i {source} --list "
-                           f"shows what Ansible reads), or, where a file is vaulted, give Ansible "
-                           f"its password (vault_password_file in ansible.cfg)") from exc
+                           f"shows what Ansible reads), or, where a file is vaulted, give its "
+                           f"password (--vault-password-file, -J, or vault_password_file in "
+                           f"ansible.cfg)") from exc
     if not isinstance(job, dict):
         raise JobSpecError(f"inventory {source}: torchherd_job of host {name}: expected a "
                            f"mapping, found {type(job).__name__}; fix: correct it")

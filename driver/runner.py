@@ -26,6 +26,7 @@ from typing import Any
 
 import ansible_runner
 
+from driver.ansible_options import passwords, prompt_answers
 from driver.paths import collections_env, driver_version, playbook
 from driver.pipes import drained, handed_over
 
@@ -204,7 +205,8 @@ def run_playbook(
     errors: list[str] = []
     parse_failures: list[str] = []
     stats: dict[str, Any] = {}
-    hidden = secret_values(extravars)
+    hidden = sorted({*secret_values(extravars), *passwords()}, key=len, reverse=True)
+    asking, answers = prompt_answers()
 
     def handle(event: Event) -> bool:
         event = scrub(event, hidden)
@@ -252,7 +254,10 @@ def run_playbook(
                 inventory=[str(inventory)],  # driver.inputs.inventory_source made it absolute
                 envvars=env,
                 cmdline=shlex.join([*leading, *_cmdline(all_at_once(name, extravars)),
-                                    "-e", f"@{extravars_pipe}"]),
+                                    *asking, "-e", f"@{extravars_pipe}"]),
+                # The passwords asked for (-K, -J), answered to ansible-playbook's own prompts
+                # through its terminal: in no file, no environment, no command line.
+                passwords=answers,
                 quiet=True,
                 verbosity=verbosity or None,
                 event_handler=handle,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,9 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
     """The job keys of a YAML file (``torchherd_job:`` at the top, or the keys directly),
     not validated yet."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        text = Path(path).read_text(encoding="utf-8")
+        data = (_vaulted(path) if "$ANSIBLE_VAULT" in text
+                else yaml.safe_load(text)) or {}
     except OSError as exc:
         raise JobSpecError(f"job file {path}: cannot read it: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
@@ -172,6 +175,33 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
         raise JobSpecError(f"job file {path}: expected torchherd_job to be a mapping, found "
                            f"{type(job).__name__}")
     return dict(job)
+
+
+def _vaulted(path: str | Path) -> Any:
+    """A job file encrypted with ansible-vault (whole, or values tagged !vault), read as
+    ansible-playbook reads it with the same passwords (driver.ansible_options): plain data."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.parsing.vault import VaultSecretsContext
+
+    from driver.ansible_options import vault_secrets
+
+    secrets = vault_secrets()
+    loader = DataLoader()
+    loader.set_vault_secrets(secrets)
+    if VaultSecretsContext.current(optional=True) is None:
+        # Values tagged !vault decrypt through Ansible's one context of the process's secrets,
+        # as in ansible-playbook.
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    try:
+        data = loader.load_from_file(str(path))
+        # Plain data, as a job file gives it (decrypted values, without Ansible's tags).
+        return json.loads(json.dumps(data, default=str))
+    except AnsibleError as exc:
+        raise JobSpecError(f"job file {path}: expected a vaulted file this driver can decrypt, "
+                           f"found: {exc.message}; fix: give its password "
+                           f"(--vault-password-file FILE, -J, or vault_password_file in "
+                           f"ansible.cfg)") from exc
 
 
 def load_job(path: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
