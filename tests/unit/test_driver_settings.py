@@ -21,11 +21,17 @@ COLLECTION = paths.CHECKOUT / "collection" / "ansible_collections" / "torchherd"
 
 
 def test_versions_agree():
-    """The plan refuses a collection whose version is not the driver's: the three must agree."""
+    """The plan refuses a collection whose version is not the driver's: one version, VERSION's,
+    which the wheel reads and scripts/set-version.py writes into galaxy.yml and the plan."""
+    version = (paths.CHECKOUT / "VERSION").read_text().strip()
     galaxy = yaml.safe_load((COLLECTION / "galaxy.yml").read_text())["version"]
     plan = yaml.safe_load((COLLECTION / "roles/plan/vars/main.yml").read_text())
-    project = tomllib.loads((paths.CHECKOUT / "pyproject.toml").read_text())["project"]
-    assert galaxy == plan["torchherd_collection_version"] == project["version"]
+    pyproject = tomllib.loads((paths.CHECKOUT / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"], "the wheel's version is VERSION's, not its own"
+    assert "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"file": "VERSION"}
+    assert str(galaxy) == str(plan["torchherd_collection_version"]) == version, (
+        "run scripts/set-version.py VERSION")
 
 
 def test_the_callers_environment_wins(tmp_path, monkeypatch):
