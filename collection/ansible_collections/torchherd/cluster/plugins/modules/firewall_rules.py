@@ -189,7 +189,10 @@ record:
   sample:
     schema: 1
     seq: 1
-    firewall: {opened_by: role, rules: ['nftables inet filter input: ip saddr { 10.0.0.2 } meta l4proto tcp accept comment "torchherd:run-1:2f1c0a9e"'], backends: [nftables]}
+    firewall:
+      opened_by: role
+      rules: ['nftables inet filter input: ip saddr { 10.0.0.2 } meta l4proto tcp accept comment "torchherd:run-1:2f1c0a9e"']
+      backends: [nftables]
 msg:
   description: What happened, in one line.
   returned: always
