@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -152,7 +153,9 @@ def test_the_readmes_real_cluster_commands_run_as_written(installed, cluster3, t
     def as_here(command: str) -> str:
         return command.replace("/opt/venvs/train/bin/python", node_python)
 
-    home, work = tmp_path / "home", tmp_path / "project"
+    # A home of a usual length: Ansible's SSH control sockets go in ~/.ansible/cp, and a
+    # socket's path has at most 107 bytes.
+    home, work = Path(tempfile.mkdtemp(prefix="th-home-", dir="/tmp")), tmp_path / "project"
     (home / "src" / "myproject").mkdir(parents=True)
     shutil.copy(EXAMPLES / "train_ddp.py", home / "src" / "myproject" / "train.py")
     (work / "inventories").mkdir(parents=True)
@@ -178,3 +181,5 @@ def test_the_readmes_real_cluster_commands_run_as_written(installed, cluster3, t
         done = run(command)
         if command.startswith("torchherd stacks"):  # of an ended job: its state, no stack
             assert f"run {run_id} succeeded" in done.stderr, done.stderr
+    subprocess.run(["pkill", "-f", f"ssh: {home}/"], check=False)  # its SSH masters
+    shutil.rmtree(home, ignore_errors=True)

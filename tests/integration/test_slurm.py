@@ -103,22 +103,30 @@ def test_the_template_from_a_pip_install_runs_with_the_installed_torchherd(slurm
         slurm.exec(node, [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--no-deps",
                           "--no-index", f"/root/{wheel.name}"])
         slurm.exec(node, [f"{venv}/bin/torchherd", "init", project])
-    submitted = slurm.slurm([
-        "env", f"PATH={venv}/bin:/usr/local/bin:/usr/bin:/bin", "sbatch", "--parsable", "--wait",
-        "--nodes=2", f"--chdir={project}", f"--output={project}/torchherd-%j.out",
-        "examples/torchherd.sbatch", "--code-src", "examples", "--nproc-per-node", "1", "--",
-        "allreduce.py",
-    ], check=False, timeout=300)  # fmt: skip
-    job_id = submitted.stdout.strip().split(";")[0]
-    allocated = slurm.job_nodes(job_id)
-    output = slurm.exec(allocated[0], ["cat", f"{project}/torchherd-{job_id}.out"]).stdout
-    assert submitted.returncode == 0, output + node_logs(slurm, job_id, allocated)
-    assert "succeeded: every node exited 0" in output
-    summary = json.loads(slurm.exec(allocated[0], [
-        "cat", f"{project}/runs/slurm-{job_id}/summary.json"]).stdout)
-    assert summary["state"] == "succeeded" and summary["world_size"] == 2
-    # It was the installed torchherd that ran: its collection, not the checkout's.
-    assert str(REPO) not in output
+    job_id = None
+    try:
+        submitted = slurm.slurm([
+            "env", f"PATH={venv}/bin:/usr/local/bin:/usr/bin:/bin", "sbatch", "--parsable",
+            "--wait", "--nodes=2", f"--chdir={project}", f"--output={project}/torchherd-%j.out",
+            "examples/torchherd.sbatch", "--code-src", "examples", "--nproc-per-node", "1", "--",
+            "allreduce.py",
+        ], check=False, timeout=300)  # fmt: skip
+        job_id = submitted.stdout.strip().split(";")[0]
+        allocated = slurm.job_nodes(job_id)
+        output = slurm.exec(allocated[0], ["cat", f"{project}/torchherd-{job_id}.out"]).stdout
+        assert submitted.returncode == 0, output + node_logs(slurm, job_id, allocated)
+        assert "succeeded: every node exited 0" in output
+        summary = json.loads(slurm.exec(allocated[0], [
+            "cat", f"{project}/runs/slurm-{job_id}/summary.json"]).stdout)
+        assert summary["state"] == "succeeded" and summary["world_size"] == 2
+        # It was the installed torchherd that ran: its collection, not the checkout's.
+        assert str(REPO) not in output
+    finally:
+        for node in (slurm.ctl, *slurm.nodes):  # the next tests find the nodes as they were
+            slurm.exec(node, ["rm", "-rf", venv, project, f"/root/{wheel.name}",
+                              f"/root/.torchherd/runs/slurm-{job_id}"], check=False)
+            slurm.exec(node, ["find", "/root/.torchherd", "-maxdepth", "1", "-name", "runs",
+                              "-empty", "-delete"], check=False)
 
 
 def test_inventory_lists_exactly_the_allocated_nodes(slurm):
