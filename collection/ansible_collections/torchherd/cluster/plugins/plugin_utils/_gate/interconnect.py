@@ -11,9 +11,12 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._interconnect im
 def interconnect_verdict(hosts, hostvars, job, facts):
     """The interconnect check's verdict (see _interconnect.judge) with every node's result;
     None where it did not run. The results are each node's C(torchherd_interconnect), or the
-    measure of the same nodes that the preflight role reused (localhost's
-    C(torchherd_interconnect_reused))."""
+    measure of the same nodes that the preflight role reused (C(torchherd_interconnect_reused),
+    which the role sets on every node of the play; localhost's is still read, as before)."""
     reused = (hostvars.get("localhost") or {}).get("torchherd_interconnect_reused") or {}
+    for host in hosts:
+        # The role sets the same value on every node, so the first node that has one answers.
+        reused = reused or hostvars.get(host, {}).get("torchherd_interconnect_reused") or {}
     results = dict(reused.get("results") or {})
     if not results:
         for host in hosts:
