@@ -246,9 +246,12 @@ def test_spawn_auto_is_srun_on_the_nodes_of_a_slurm_job_alone():
                 for h, hv in HOSTVARS.items()}
     p = plan({"script": "t.py", "node_count": 3}, GROUPS, hostvars, run_id="r")
     assert [n["host"] for n in p["spares"]] == ["n3"]
-    s = schedule(p, 4, hostvars=hostvars)
+    # The plan says which nodes are in a SLURM job (its slurm_job), the schedule reads it there.
+    assert [n.get("slurm_job") for n in p["nodes"] + p["spares"]] == [None, "42", None, "42"]
+    s = schedule(p, 4)
     assert s["spawn"] == {"n0": "ssh", "n1": "srun", "n2": "ssh", "n3": "srun"}
     assert "n1, n3" in s["why"]["spawn"]
-    # The job's own choice holds everywhere; without the inventory no node is in a SLURM job.
-    assert set(schedule(planned(spawn="ssh"), 4, hostvars=hostvars)["spawn"].values()) == {"ssh"}
-    assert set(schedule(p, 4)["spawn"].values()) == {"ssh"}
+    # The job's own choice holds everywhere.
+    ssh = plan({"script": "t.py", "node_count": 3, "spawn": "ssh"}, GROUPS, hostvars, run_id="r")
+    assert set(schedule(ssh, 4)["spawn"].values()) == {"ssh"}
+    assert set(schedule(planned(), 4)["spawn"].values()) == {"ssh"}

@@ -153,6 +153,13 @@ _value:
             - Only on a standby (O(standbys)) - true. torchrun's elastic rendezvous holds it
               back while the job has its nodes, and takes it in when a restart finds one lost.
           type: bool
+        slurm_job:
+          description:
+            - Only on a node of a SLURM job - its job id (the node's C(torchherd_slurm_job_id),
+              from the C(torchherd.cluster.slurm) inventory). The schedule's C(spawn) auto starts
+              its launcher as a step of that job (srun).
+          type: str
+          sample: "4242"
         firewall:
           description: The node's firewall settings, the job's unless the node sets C(torchherd_firewall_*) itself.
           type: dict

@@ -68,19 +68,13 @@ options:
         round on every node costs the controller a task per node.
     type: float
     default: 0
-  hostvars:
-    description:
-      - The inventory's variables (C(hostvars)), read for which nodes are in a SLURM job (their
-        C(torchherd_slurm_job_id)), where the job's C(spawn) auto starts the launcher with srun.
-      - Without them no node is in a SLURM job.
-    type: dict
 """
 
 EXAMPLES = r"""
 - name: Schedule the launch
   ansible.builtin.set_fact:
     torchherd_schedule: >-
-      {{ torchherd_plan | torchherd.cluster.schedule(forks=ansible_forks | int, hostvars=hostvars) }}
+      {{ torchherd_plan | torchherd.cluster.schedule(forks=ansible_forks | int) }}
 """
 
 RETURN = r"""
@@ -242,11 +236,11 @@ _value:
 __all__ = ["FREE", "LINEAR", "schedule"]
 
 
-def schedule(plan, forks, playbook="launch", progress_every=0, hostvars=None):
+def schedule(plan, forks, playbook="launch", progress_every=0):
     if not isinstance(plan, dict) or "nodes" not in plan or "job" not in plan:
         raise AnsibleFilterError("schedule: expected the plan (torchherd_plan), found "
                                  f"{type(plan).__name__}")
-    return decide(launch(plan, forks, playbook, progress_every, hostvars))
+    return decide(launch(plan, forks, playbook, progress_every))
 
 
 class FilterModule:

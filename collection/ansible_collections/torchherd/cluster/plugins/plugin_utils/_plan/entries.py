@@ -43,4 +43,8 @@ def node_entry(job, hosts, lock_hash, image, host, rank):
             "interface": str(hv.get("torchherd_socket_ifname") or job["socket_ifname"] or ""),
             "firewall": hosts.firewalls[host],
             # Started as the others, it waits in torchrun's rendezvous for a lost node.
-            **({"standby": True} if host in hosts.standbys else {})}
+            **({"standby": True} if host in hosts.standbys else {}),
+            # In a SLURM job (the torchherd.cluster.slurm inventory's): the schedule's spawn
+            # auto starts its launcher as a step of that job.
+            **({"slurm_job": str(hv["torchherd_slurm_job_id"])}
+               if hv.get("torchherd_slurm_job_id") not in (None, "") else {})}

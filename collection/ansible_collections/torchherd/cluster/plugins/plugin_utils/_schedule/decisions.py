@@ -40,17 +40,15 @@ class Launch(NamedTuple):
     slurm: frozenset
 
 
-def launch(plan, forks, playbook, progress_every, hostvars=None):
-    """The launch the schedule decides on, from the filter's arguments. ``hostvars``: the
-    inventory's, read for whether a node is in a SLURM job (none is without them)."""
+def launch(plan, forks, playbook, progress_every):
+    """The launch the schedule decides on, from the filter's arguments."""
     job = plan["job"]
-    candidates = [node["host"] for node in plan["nodes"] + plan.get("spares", [])]
+    candidates = plan["nodes"] + plan.get("spares", [])
     return Launch(plan=plan, job=job, hosts=[node["host"] for node in plan["nodes"]],
                   master=plan["master"]["host"], forks=int(forks), playbook=playbook,
                   progress_every=float(progress_every or 0), detach=bool(job.get("detach")),
                   hang=int(job.get("hang_timeout") or 0) > 0,
-                  slurm=frozenset(h for h in candidates if hostvars is not None
-                                  and "torchherd_slurm_job_id" in hostvars[h]))
+                  slurm=frozenset(node["host"] for node in candidates if node.get("slurm_job")))
 
 
 def playbook(c, s):
@@ -163,8 +161,9 @@ def start(c, s):
 def spawn(c, s):
     """How each node's launcher is started, by host (the plan's nodes and spares): ssh, the
     supervisor runs it itself; srun, as a step of the node's SLURM job, which SLURM accounts
-    for and scancel ends. The job's spawn auto is srun on the nodes of a SLURM job (their
-    torchherd_slurm_job_id, from the torchherd.cluster.slurm inventory), ssh elsewhere."""
+    for and scancel ends. The job's spawn auto is srun on the nodes of a SLURM job (the plan's
+    slurm_job of a node: its torchherd_slurm_job_id, from the torchherd.cluster.slurm
+    inventory), ssh elsewhere."""
     wanted = c.job.get("spawn", "auto")
     hosts = [node["host"] for node in c.plan["nodes"] + c.plan.get("spares", [])]
     value = {h: "srun" if wanted == "srun" or (wanted == "auto" and h in c.slurm) else "ssh"
