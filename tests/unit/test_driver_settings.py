@@ -32,6 +32,19 @@ def test_versions_agree():
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"file": "VERSION"}
     assert str(galaxy) == str(plan["torchherd_collection_version"]) == version, (
         "run scripts/set-version.py VERSION")
+    # The changelog's newest release is this version (antsibull-changelog release, see
+    # docs/ansible.md), and every plugin its releases name as new is still there.
+    changes = yaml.safe_load((COLLECTION / "changelogs/changelog.yaml").read_text())
+    releases = sorted(changes["releases"], key=lambda v: tuple(map(int, v.split("."))))
+    assert releases[-1] == version, "release the changelog: antsibull-changelog release"
+    listed = changes["releases"][version]
+    for entry in listed.get("modules") or []:
+        assert (COLLECTION / "plugins" / "modules" / f"{entry['name']}.py").is_file(), entry
+    for kind, entries in (listed.get("plugins") or {}).items():
+        # A file of filters names each of its filters.
+        texts = [p.read_text() for p in (COLLECTION / "plugins" / kind).glob("*.py")]
+        for entry in entries:
+            assert any(f"{entry['name']}" in t for t in texts), entry
 
 
 def test_the_callers_environment_wins(tmp_path, monkeypatch):

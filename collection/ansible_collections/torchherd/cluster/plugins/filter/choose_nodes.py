@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: choose_nodes
 author: torchherd developers
-version_added: 0.1.0
+version_added: 0.2.0
 short_description: Put healthy spares in the place of nodes that failed preflight
 description:
   - Takes a plan with spares (C(torchherd.cluster.plan) with a C(node_count) below the node

@@ -16,7 +16,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import
 DOCUMENTATION = r"""
 name: run_state
 author: torchherd developers
-version_added: 0.3.0
+version_added: 0.2.0
 short_description: Read each node's run-state record (job, barrier, gang, firewall) on the controller
 description:
   - Each node keeps one record of its part of a run (C(run.json) in its run directory, written

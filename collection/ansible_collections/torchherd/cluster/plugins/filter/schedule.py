@@ -18,7 +18,7 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.decisi
 DOCUMENTATION = r"""
 name: schedule
 author: torchherd developers
-version_added: 0.1.0
+version_added: 0.2.0
 short_description: Decide how a launch runs (batching, barrier, firewall, gang, watch, teardown)
 description:
   - A pure function of the plan (C(torchherd.cluster.plan), which carries the start barrier's

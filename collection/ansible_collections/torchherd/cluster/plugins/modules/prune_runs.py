@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: prune_runs
 author: torchherd developers (!UNKNOWN)
-version_added: 0.3.0
+version_added: 0.2.0
 short_description: Remove the run directories of ended runs on one node
 description:
   - Removes the node's run directory (C(<root>/runs/<run_id>), with the job's logs, pid and
