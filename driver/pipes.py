@@ -18,7 +18,7 @@ import errno
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,22 @@ def _release(thread: threading.Thread, path: Path, flags: int) -> None:
 
 
 @contextlib.contextmanager
+def _pipe(path: Path, end: Callable[[], None], other_end: int) -> Iterator[Path]:
+    """A pipe at ``path`` (0600) whose one end ``end`` takes in a thread of this process; at
+    the close the other end (``other_end``, the open flags) is stood in for where none came."""
+    _make(path)
+    thread = threading.Thread(target=end, name=f"pipe {path.name}", daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        _release(thread, path, other_end)
+
+
+@contextlib.contextmanager
 def handed_over(path: Path, data: Any) -> Iterator[Path]:
     """A pipe at ``path`` (0600) that gives ``data`` as JSON to the first process that reads
     it, written from a thread of this one; removed at the end."""
-    _make(path)
     payload = json.dumps(data).encode()
 
     def write() -> None:
@@ -58,28 +70,19 @@ def handed_over(path: Path, data: Any) -> Iterator[Path]:
         except (BrokenPipeError, FileNotFoundError):
             pass  # the reader left early, or the pipe is gone: nothing was read
 
-    writer = threading.Thread(target=write, name=f"handover {path.name}", daemon=True)
-    writer.start()
-    try:
+    with _pipe(path, write, os.O_RDONLY):
         yield path
-    finally:
-        _release(writer, path, os.O_RDONLY)
 
 
 @contextlib.contextmanager
 def drained(path: Path) -> Iterator[Path]:
     """A pipe at ``path`` (0600) where a file would be written: what a writer puts in it is read
     and dropped. Removed at the end."""
-    _make(path)
 
     def drain() -> None:
         with open(path, "rb") as pipe:  # waits for the writer
             while pipe.read(1 << 16):
                 pass
 
-    reader = threading.Thread(target=drain, name=f"drain {path.name}", daemon=True)
-    reader.start()
-    try:
+    with _pipe(path, drain, os.O_WRONLY):
         yield path
-    finally:
-        _release(reader, path, os.O_WRONLY)

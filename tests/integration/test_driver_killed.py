@@ -44,12 +44,7 @@ def driver(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
 def test_a_driver_killed_outright_takes_its_ansible_playbook_with_it(tmp_path):
     runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"killed-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "driver", "launch", "-i", str(LOCAL_INI), "--code-src",
-         str(EXAMPLES), "--runs-dir", str(runs), "--run-id", run_id, "--nproc-per-node", "1",
-         "--", "allreduce.py", "--sleep", "300"],
-        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+    launch = start(tmp, runs, run_id)
     node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
     try:
         # The job runs on both nodes and the driver watches it.

@@ -96,9 +96,12 @@ def test_unreachable_node_is_named():
     hv["b"]["torchherd_facts"] = {"unreachable": True, "msg": "Task failed: Data could not be "
                                   "sent ... over ssh: ssh: connect to host 10.0.0.2 port 22: "
                                   "Connection refused"}
+    hv["b"]["inventory_file"] = "/home/me/clusters/a100.ini"
     verdict = gate(hosts, hv, p)
     assert checks(verdict) == [("b", "ssh")]
     assert verdict["problems"][0]["found"].startswith("ssh: connect to host 10.0.0.2")
+    # The fix names the inventory given, not a placeholder.
+    assert "(ansible -m ping -i /home/me/clusters/a100.ini b)" in verdict["problems"][0]["fix"]
 
 
 def test_no_torch():

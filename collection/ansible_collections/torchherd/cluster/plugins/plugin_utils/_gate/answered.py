@@ -30,10 +30,12 @@ def answered(hosts, hostvars):
                 + address + " >> ~/.ssh/known_hosts) or fix the entry (ssh-keygen -R " + address
                 + "); host_key_checking = False in your ansible.cfg turns checking off"))
         elif result.get("unreachable"):
+            # The inventory the host came from (Ansible's inventory_file), as the user gave it.
+            source = hostvars.get(host, {}).get("inventory_file") or "<inventory>"
             problems.append(problem(host, "ssh", "the node answers over SSH",
                                     _ssh_error(result.get("msg")),
                                     "check the address, the SSH key and that sshd runs on it "
-                                    "(ansible -m ping -i <inventory> " + host + ")"))
+                                    "(ansible -m ping -i " + source + " " + host + ")"))
         elif result.get("failed") or "torch" not in result:
             problems.append(problem(host, "facts", "node_facts to run",
                                     (result.get("msg") or "no facts").strip()[:300],
