@@ -41,18 +41,32 @@ def driver(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, check=False)
 
 
+def start(tmp: Path, runs: Path, run_id: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "driver", "launch", "-i", str(LOCAL_INI), "--code-src",
+         str(EXAMPLES), "--runs-dir", str(runs), "--run-id", run_id, "--nproc-per-node", "1",
+         *extra, "--", "allreduce.py", "--sleep", "300"],
+        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+
+
+def watched(tmp: Path, node_runs: list[Path]) -> None:
+    """Until the job runs on every node (its record is written by its start: the launcher
+    started ahead in preflight is a process of the run before that) and the watch's wait is in
+    flight: ansible-playbook and a worker of it waiting on a node."""
+    wait_for(lambda: all((d / "run.json").exists() and live_processes_of(d)
+                         for d in node_runs), 180, "the job on both nodes")
+    wait_for(lambda: len(playbooks_of(tmp)) >= 2, 60, "the watch's wait")
+
+
 def test_a_driver_killed_outright_takes_its_ansible_playbook_with_it(tmp_path):
     runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"killed-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     launch = start(tmp, runs, run_id)
     node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
     try:
-        # The job runs on both nodes and the driver watches it.
-        wait_for(lambda: all((d / "run.json").exists() and live_processes_of(d)
-                             for d in node_runs), 180, "the job on both nodes")
-        # The watch's wait in flight: ansible-playbook and a worker of it that waits on a node
-        # (a driver killed then left both running for minutes, the worker spinning).
-        wait_for(lambda: len(playbooks_of(tmp)) >= 2, 60, "the watch's wait")
+        # A driver killed then left ansible-playbook and its worker running for minutes.
+        watched(tmp, node_runs)
         launch.send_signal(signal.SIGKILL)
         launch.wait(30)
         wait_for(lambda: not playbooks_of(tmp), 15, "the launch's ansible-playbook to end")
@@ -71,26 +85,13 @@ def test_a_driver_killed_outright_takes_its_ansible_playbook_with_it(tmp_path):
     assert not playbooks_of(tmp)
 
 
-def start(tmp: Path, runs: Path, run_id: str, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "driver", "launch", "-i", str(LOCAL_INI), "--code-src",
-         str(EXAMPLES), "--runs-dir", str(runs), "--run-id", run_id, "--nproc-per-node", "1",
-         *extra, "--", "allreduce.py", "--sleep", "300"],
-        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-
-
 def test_a_closed_terminal_stops_the_launch_as_ctrl_c_does(tmp_path):
     runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"hup-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     launch = start(tmp, runs, run_id)
     node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
     try:
-        # Started (a node's record is written by its start; the launcher started ahead in
-        # preflight is a process of the run before that), and watched.
-        wait_for(lambda: all((d / "run.json").exists() and live_processes_of(d)
-                             for d in node_runs), 180, "the job on both nodes")
-        wait_for(lambda: len(playbooks_of(tmp)) >= 2, 60, "the watch's wait")
+        watched(tmp, node_runs)
         launch.send_signal(signal.SIGHUP)
         assert launch.wait(120) == 130
     finally:
