@@ -6,16 +6,27 @@ state and stops it; a closed terminal (SIGHUP) settles a launch as Ctrl-C does; 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.integration.helpers import EXAMPLES, REPO, wait_for
 from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS, live_processes_of
+
+
+class Launch(NamedTuple):
+    process: subprocess.Popen[bytes]
+    tmp: Path
+    runs: Path
+    run_id: str
+    node_runs: list[Path]
 
 
 def playbooks_of(tmp: Path) -> list[int]:
@@ -50,53 +61,53 @@ def start(tmp: Path, runs: Path, run_id: str, *extra: str) -> subprocess.Popen[b
         stderr=subprocess.DEVNULL)
 
 
-def watched(tmp: Path, node_runs: list[Path]) -> None:
-    """Until the job runs on every node (its record is written by its start: the launcher
-    started ahead in preflight is a process of the run before that) and the watch's wait is in
-    flight: ansible-playbook and a worker of it waiting on a node."""
-    wait_for(lambda: all((d / "run.json").exists() and live_processes_of(d)
-                         for d in node_runs), 180, "the job on both nodes")
-    wait_for(lambda: len(playbooks_of(tmp)) >= 2, 60, "the watch's wait")
+@contextlib.contextmanager
+def watched_launch(tmp_path: Path, name: str) -> Iterator[Launch]:
+    """A launch of a long job on both nodes, once it runs there (its record is written by its
+    start: the launcher started ahead in preflight is a process of the run before that) and the
+    watch's wait is in flight: ansible-playbook and a worker of it waiting on a node. Killed, and
+    its job stopped, on the way out if the test left it running."""
+    runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"{name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    launch = Launch(start(tmp, runs, run_id), tmp, runs, run_id,
+                    [root / "runs" / run_id for root in NODE_ROOTS])
+    try:
+        wait_for(lambda: all((d / "run.json").exists() and live_processes_of(d)
+                             for d in launch.node_runs), 180, "the job on both nodes")
+        wait_for(lambda: len(playbooks_of(tmp)) >= 2, 60, "the watch's wait")
+        yield launch
+    finally:
+        if launch.process.poll() is None:
+            launch.process.kill()
+            driver("stop", run_id, "--runs-dir", str(runs), "-i", str(LOCAL_INI), tmp=tmp)
 
 
 def test_a_driver_killed_outright_takes_its_ansible_playbook_with_it(tmp_path):
-    runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"killed-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    launch = start(tmp, runs, run_id)
-    node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
-    try:
-        # A driver killed then left ansible-playbook and its worker running for minutes.
-        watched(tmp, node_runs)
-        launch.send_signal(signal.SIGKILL)
-        launch.wait(30)
-        wait_for(lambda: not playbooks_of(tmp), 15, "the launch's ansible-playbook to end")
+    with watched_launch(tmp_path, "killed") as launch:
+        tmp, runs, run_id, node_runs = launch.tmp, launch.runs, launch.run_id, launch.node_runs
+        try:
+            # A driver killed then left ansible-playbook and its worker running for minutes.
+            launch.process.send_signal(signal.SIGKILL)
+            launch.process.wait(30)
+            wait_for(lambda: not playbooks_of(tmp), 15, "the launch's ansible-playbook to end")
 
-        # The job itself goes on; status says so, and stop ends it everywhere.
-        status = driver("status", run_id, "--runs-dir", str(runs), "--json", tmp=tmp)
-        assert json.loads(status.stdout)["state"] == "running", status.stdout + status.stderr
-        assert all(live_processes_of(d) for d in node_runs)
-    finally:
-        if launch.poll() is None:
-            launch.kill()
-        stopped = driver("stop", run_id, "--runs-dir", str(runs), "-i", str(LOCAL_INI),
-                         "--json", tmp=tmp)
+            # The job itself goes on; status says so, and stop ends it everywhere.
+            status = driver("status", run_id, "--runs-dir", str(runs), "--json", tmp=tmp)
+            assert json.loads(status.stdout)["state"] == "running", status.stdout + status.stderr
+            assert all(live_processes_of(d) for d in node_runs)
+        finally:
+            stopped = driver("stop", run_id, "--runs-dir", str(runs), "-i", str(LOCAL_INI),
+                             "--json", tmp=tmp)
     assert json.loads(stopped.stdout)["state"] == "stopped", stopped.stdout + stopped.stderr
     wait_for(lambda: not any(live_processes_of(d) for d in node_runs), 30, "nothing left")
     assert not playbooks_of(tmp)
 
 
 def test_a_closed_terminal_stops_the_launch_as_ctrl_c_does(tmp_path):
-    runs, tmp, run_id = tmp_path / "runs", tmp_path / "tmp", f"hup-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    launch = start(tmp, runs, run_id)
-    node_runs = [root / "runs" / run_id for root in NODE_ROOTS]
-    try:
-        watched(tmp, node_runs)
-        launch.send_signal(signal.SIGHUP)
-        assert launch.wait(120) == 130
-    finally:
-        if launch.poll() is None:
-            launch.kill()
+    with watched_launch(tmp_path, "hup") as launch:
+        tmp, runs, run_id, node_runs = launch.tmp, launch.runs, launch.run_id, launch.node_runs
+        launch.process.send_signal(signal.SIGHUP)
+        assert launch.process.wait(120) == 130
     summary = json.loads((runs / run_id / "summary.json").read_text())
     assert {h["state"] for h in summary["hosts"].values()} == {"stopped"}, summary["hosts"]
     assert not any(live_processes_of(d) for d in node_runs)

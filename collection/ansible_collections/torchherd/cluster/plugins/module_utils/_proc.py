@@ -1,8 +1,10 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""What the kernel says of a process in /proc/<pid>/stat (see proc(5))."""
+"""What the kernel says of a process in /proc/<pid>/stat and /proc/<pid>/environ (see proc(5))."""
 
 from __future__ import annotations
+
+import os
 
 
 def read_stat(pid):
@@ -30,3 +32,16 @@ def proc_start_time(pid):
     """Start time of a process (read_stat's start_time), or None where it is gone."""
     stat = read_stat(pid)
     return None if stat is None else stat["start_time"]
+
+
+def environs(skip=None):
+    """(pid, environment as a list of b"NAME=value") of every process this user may read, all
+    but ``skip``; a process that ended while it was read is passed over."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == skip:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                yield int(entry), handle.read().split(b"\0")
+        except OSError:
+            continue

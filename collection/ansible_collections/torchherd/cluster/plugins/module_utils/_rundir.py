@@ -17,6 +17,7 @@ import signal
 import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._proc import (
+    environs,
     proc_start_time,
     read_stat,
 )
@@ -79,21 +80,13 @@ def running(pid, start):
 def job_pids(run_dir):
     """Pids of every live process carrying this run's marker (zombies excluded)."""
     wanted = f"{MARKER}={run_dir}".encode()
-    own = os.getpid()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == own:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, environ in environs(skip=os.getpid()):
         if wanted not in environ:
             continue
-        stat = read_stat(entry)
+        stat = read_stat(pid)
         if stat is not None and stat["state"] != "Z":
-            found.append(int(entry))
+            found.append(pid)
     return sorted(found)
 
 
@@ -101,17 +94,10 @@ def all_runs_with_processes():
     """Run dirs of every job with live processes on this node (for stale-job checks)."""
     runs = {}
     prefix = f"{MARKER}=".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, environ in environs():
         for item in environ:
             if item.startswith(prefix):
-                runs.setdefault(item[len(prefix):].decode(errors="replace"), []).append(int(entry))
+                runs.setdefault(item[len(prefix):].decode(errors="replace"), []).append(pid)
     return runs
 
 
