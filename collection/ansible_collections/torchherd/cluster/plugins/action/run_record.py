@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -11,11 +12,13 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_files import MARKS, read_json
 
 _ARGS = {
     "run_dir": {"type": "path", "required": True},
     "claim": {"type": "bool", "default": False},
     "files": {"type": "dict", "default": {}},
+    "mark": {"type": "str", "default": ""},
 }
 
 
@@ -45,8 +48,16 @@ class ActionModule(ActionBase):
             os.makedirs(os.path.dirname(written[-1]), mode=0o755, exist_ok=True)
             write_atomic(written[-1], content if isinstance(content, str) else str(content),
                          mode=0o644)
+        now = time.time()
+        if args["mark"]:
+            written.append(os.path.join(run_dir, MARKS))
         if not self._task.check_mode:
             os.makedirs(run_dir, mode=0o755, exist_ok=True)
+            if args["mark"]:
+                marks = read_json(written[-1]) or {}
+                marks[args["mark"]] = now
+                write_atomic(written[-1], json.dumps(marks, indent=2, sort_keys=True) + "\n",
+                             mode=0o644)
         result.update(changed=bool(written) or args["claim"], run_dir=run_dir, files=written,
-                      written_at=time.time())
+                      written_at=now)
         return result

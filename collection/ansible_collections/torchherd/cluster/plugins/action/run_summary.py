@@ -12,6 +12,7 @@ import os
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_files import MARKS, read_json
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import write_summary
 
 _ARGS = {
@@ -29,7 +30,9 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = self.validate_argument_spec(argument_spec=_ARGS)[1]
-        summary, text, path = write_summary(os.path.expanduser(args["run_dir"]), args["plan"],
-                                            args["results"], args["marks"])
+        run_dir = os.path.expanduser(args["run_dir"])
+        # The phases' ends as the launch recorded them (run_record's mark), the task's over them.
+        marks = {**(read_json(os.path.join(run_dir, MARKS)) or {}), **args["marks"]}
+        summary, text, path = write_summary(run_dir, args["plan"], args["results"], marks)
         result.update(changed=True, summary=summary, table=text, path=path)
         return result

@@ -11,7 +11,8 @@ version_added: 0.1.0
 short_description: Claim a run directory on the controller and write records into it
 description:
   - Creates the run's directory on the controller and writes files into it (C(plan.json),
-    C(preflight.json)), each replaced atomically, mode 0644.
+    C(preflight.json)), each replaced atomically, mode 0644, and the time a phase of the launch
+    ended (O(mark), into C(marks.json)).
   - With O(claim=true) it refuses a run directory that already holds a C(plan.json), since a run id
     names one run.
   - Runs in the controller's own process, whatever host the task is for; no module is sent
@@ -43,6 +44,15 @@ options:
     description: File names relative to O(run_dir) and their text content.
     type: dict
     default: {}
+  mark:
+    description:
+      - The name of a phase of the launch that ends now (C(plan), C(preflight), C(watch),
+        C(collect)). Its time (RV(written_at)) is added to C(marks.json) in O(run_dir), the marks
+        there before kept; M(torchherd.cluster.run_summary) takes the phases' timings from it.
+      - Empty records no mark.
+    type: str
+    default: ""
+    version_added: 0.3.0
 """
 
 EXAMPLES = r"""
@@ -61,7 +71,7 @@ run_dir:
   type: str
   sample: /home/me/project/runs/20261121-101500-3fa2
 files:
-  description: Paths written.
+  description: Paths written (C(marks.json) last, where O(mark) is given).
   returned: always
   type: list
   elements: str

@@ -48,7 +48,9 @@ options:
     type: dict
     required: true
   marks:
-    description: Phase name to the Unix time it ended (preflight, sync, start, watch, collect).
+    description: Phase name to the Unix time it ended (plan, preflight, sync, start, watch,
+      collect), over those the launch recorded in the run directory's C(marks.json)
+      (M(torchherd.cluster.run_record)'s O(torchherd.cluster.run_record#module:mark)).
     type: dict
     default: {}
 """

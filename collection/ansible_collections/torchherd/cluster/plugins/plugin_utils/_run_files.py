@@ -8,6 +8,10 @@ from __future__ import annotations
 import json
 import os
 
+# The controller's record of when each phase of the launch ended (run_record's mark), in the
+# run directory beside plan.json.
+MARKS = "marks.json"
+
 
 def read_tail(path, limit=1 << 20):
     """The last ``limit`` bytes of a file as text, or "" where it cannot be read."""
