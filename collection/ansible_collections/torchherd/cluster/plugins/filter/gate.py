@@ -138,6 +138,10 @@ _value:
           the ones nearest to the job's GPUs on the PCI tree where the facts place both, unless
           the job sets it or C(NCCL_IB_DISABLE)."
       type: dict
+    facts:
+      description: Host to its C(torchherd_facts) as the gate read them (the answer of
+        M(torchherd.cluster.node_facts), or why there is none), for the run's C(preflight.json).
+      type: dict
     left_out:
       description: The plan's C(excluded) and C(left_out) (C(torchherd.cluster.choose_nodes)),
         each node the launch left out and why; empty where the job takes every node.
@@ -196,6 +200,7 @@ def gate(hosts, hostvars, plan, match=None):
         "interconnect": interconnect,
         "left_out": left_out,
         "node_env": node_env,
+        "facts": {host: hostvars.get(host, {}).get("torchherd_facts") for host in hosts},
         "table": render(host_rows(hosts, facts, interfaces, run.gpu_counts, run.nprocs),
                         problems, interconnect, warnings, left_out),
     }
