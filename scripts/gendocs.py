@@ -43,6 +43,7 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import (  
 )
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.decisions import (  # noqa: E402
     DECISIONS,
+    NODE_DECISIONS,
 )
 
 JOB_SPEC = COLLECTION / "roles" / "plan" / "meta" / "argument_specs.yml"
@@ -176,6 +177,16 @@ def _rules():
             for key, decision, why in DECISIONS]
 
 
+def _node_readers(key):
+    """The collection's task files and playbooks that read a node decision."""
+    files = set()
+    for path in sorted(COLLECTION.glob("**/*.yml")):
+        text = path.read_text()
+        if "torchherd.cluster.node_schedule" in text and f").{key}" in text:
+            files.add(str(path.relative_to(COLLECTION)))
+    return ", ".join(f"`{f}`" for f in sorted(files))
+
+
 def decisions():
     reasons = _reasons()
     readers = _readers()
@@ -191,7 +202,13 @@ def decisions():
             + _table(["decision", "rule", "why"], _rules())
             + "\nThe reasons each `why` entry gives (over sample launches of 4 nodes with forks "
               "4 or 2; `IMAGE` and the counts stand for the launch's own):\n\n"
-            + _table(["why", "reasons"], why_rows))
+            + _table(["why", "reasons"], why_rows)
+            + "\nEach node's part, decided by the filter `torchherd.cluster.node_schedule` from "
+              "the schedule and what preflight learnt of the node (`torchherd_facts`) or what its "
+              "start did (`torchherd_start`), in the order they are made:\n\n"
+            + _table(["decision", "rule", "read in (tasks and plays)"],
+                     [[f"`{key}`", _text(decision.__doc__), _node_readers(key)]
+                      for key, decision in NODE_DECISIONS]))
 
 
 # --- the job spec -------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """The launch's schedule as a truth table over its inputs: forks against nodes, the barrier's
 setting, the hang watch, the rendezvous, detach, the interconnect check, the launcher, ssh or
-srun, and the playbook."""
+srun, and the playbook; and each node's part of it over root or not, a launcher started ahead
+and the rules its start opened."""
 
 import itertools
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.torchherd.cluster.plugins.filter.node_schedule import node_schedule
 from ansible_collections.torchherd.cluster.plugins.filter.plan import plan
 from ansible_collections.torchherd.cluster.plugins.filter.schedule import FREE, LINEAR, schedule
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
@@ -255,3 +257,34 @@ def test_spawn_auto_is_srun_on_the_nodes_of_a_slurm_job_alone():
     ssh = plan({"script": "t.py", "node_count": 3, "spawn": "ssh"}, GROUPS, hostvars, run_id="r")
     assert set(schedule(ssh, 4)["spawn"].values()) == {"ssh"}
     assert set(schedule(planned(), 4)["spawn"].values()) == {"ssh"}
+
+
+# A node's part: the launch's schedule against what preflight learnt of the node (root or not,
+# a launcher started ahead or not) and what its start did. Every combination is a row.
+@pytest.mark.parametrize("job,spawn,firewall,euid,warm_started,opened", list(itertools.product(
+    ["plain", "interconnect"], SPAWNS, [True, False], [0, 1000, None], [True, False], [0, 2])))
+def test_each_nodes_part_as_a_truth_table(job, spawn, firewall, euid, warm_started, opened):
+    slurm = {"torchherd_slurm_job_id": "42"} if spawn == "srun" else {}
+    hostvars = {h: dict(hv, **slurm, torchherd_firewall_enabled=firewall)
+                for h, hv in HOSTVARS.items()}
+    p = plan(dict({"script": "train.py", "spawn": spawn}, **JOBS[job]), GROUPS, hostvars,
+             run_id="r1")
+    s = schedule(p, 4)
+    facts = {} if euid is None else {"euid": euid}
+    if warm_started:
+        facts["warm"] = {"started": True}
+    started = {"firewall": {"rules": ["r"] * opened}} if opened else {}
+    part = node_schedule(s, p["nodes"][1], facts, started)
+    # The rules, written out the plain way.
+    who = ("none" if not firewall else
+           "start" if job != "interconnect" and euid == 0 else "role")
+    assert part["firewall"] == who, part["why"]
+    assert part["warm"] == (warm_started and spawn == "ssh"), part["why"]
+    assert part["wait_closes"] == bool(opened), part["why"]
+    assert set(part["why"]) == {"firewall", "warm", "wait_closes"}
+    assert all(isinstance(why, str) and why for why in part["why"].values())
+
+
+def test_a_nodes_part_wants_the_schedule():
+    with pytest.raises(AnsibleFilterError, match="expected the schedule"):
+        node_schedule(planned(), {"host": "n0"})
