@@ -413,11 +413,18 @@ def newest_stacks(run_dir: Path) -> dict[str, Any] | None:
     report = read_json(reports[-1]) or {}
     return {"summary": report.get("summary"), "groups": report.get("groups") or [],
             "odd": report.get("odd") or [], "errors": report.get("errors") or {},
+            "problems": report.get("problems") or [],
             "flight_recorder": report.get("flight_recorder") or {},
             "nccl_ras": report.get("nccl_ras") or {},
             "ranks": [{k: v for k, v in r.items() if k != "threads"}
                       for r in report.get("ranks") or []],
             "json": str(reports[-1]), "text": str(reports[-1].with_suffix(".txt"))}
+
+
+def _said(problem: dict[str, Any]) -> str:
+    """One problem of a stacks report: the nodes that met it, what they met and its fix."""
+    fix = f"; fix: {problem['fix']}" if problem.get("fix") else ""
+    return f"{', '.join(problem['hosts'])}: {problem['error']}{fix}"
 
 
 def stacks_verdict(stacks: dict[str, Any] | None) -> tuple[Exit, str] | None:
@@ -427,11 +434,17 @@ def stacks_verdict(stacks: dict[str, Any] | None) -> tuple[Exit, str] | None:
     the report says so.)"""
     if not stacks:
         return Exit.ERROR, "stacks: expected a report in the run's stacks/, found none written"
+    # Each error once with the nodes (and ranks) that met it, and its fix once.
     errors = stacks.get("errors") or {}
+    problems = stacks.get("problems") or [
+        {"hosts": [host], "ranks": [], "error": error, "fix": None}
+        for host, error in errors.items()]
     if errors:
-        return Exit.ERROR, "; ".join(f"{host}: {error}" for host, error in errors.items())
+        return Exit.ERROR, "; ".join(_said(p) for p in problems if not p.get("ranks"))
     if stacks.get("ranks") and not stacks.get("groups"):
-        return Exit.ERROR, f"stacks: {stacks.get('summary') or 'no stack read'}"
+        fixes = dict.fromkeys(p["fix"] for p in problems if p.get("fix"))
+        return Exit.ERROR, "; ".join([f"stacks: {stacks.get('summary') or 'no stack read'}"]
+                                     + [f"fix: {fix}" for fix in fixes])
     return None
 
 

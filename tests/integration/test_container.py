@@ -5,8 +5,10 @@ nodes share. podman because it runs rootful inside the node without a daemon; do
 dockerd in every node. Real SSH, real podman, real gloo: a 3 x 2 DDP job in the image, status,
 stacks, stop and a rank raising in the image, the secret on no command line, in no file, not in
 podman inspect, and preflight refusing a node without the runtime, an image missing under pull
-never, and an image whose torch differs. A real pull too: a registry (Debian's docker-registry) on
-the host, on the cluster's network, serving a small image that every node pulls itself."""
+never, an image whose torch differs, and a runtime that cannot start the container (a limit it
+cannot set, named with the option that starts it). A real pull too: a registry (Debian's
+docker-registry) on the host, on the cluster's network, serving a small image that every node
+pulls itself."""
 
 from __future__ import annotations
 
@@ -208,6 +210,36 @@ def test_preflight_names_the_node_without_runtime_image_or_the_same_torch(ctr, c
         for node in (first, third):
             cluster.exec(node, ["podman", "rmi", "--force", test_image], check=False)
 
+
+def test_preflight_names_a_runtime_that_cannot_start_the_container_and_the_option_that_does(
+        ctr, code, tmp_path):
+    cluster, image = ctr
+    second = cluster.nodes[1]
+    conf = "/etc/containers/containers.conf"
+    # Warm the torch probe's cache on every node: a cached reading must not hide what follows.
+    warm = verify(job(code, image, "ctr-start-warm"), cluster.inventory, runs_dir=tmp_path)
+    assert warm.ok, warm.reason
+    # node1's podman asks for more open files than the node allows, as a stock podman does in
+    # a container (its default 1048576 over the hard limit): runc cannot set the limit.
+    cluster.exec(second, ["sed", "-i.th", "s/nofile=20000:20000/nofile=65536:65536/", conf])
+    try:
+        result = verify(job(code, image, "ctr-start"), cluster.inventory, runs_dir=tmp_path)
+        assert result.exit_code == Exit.PREFLIGHT_FAILED, result.reason
+        assert [(p["host"], p["check"]) for p in result.problems] == [
+            (second.name, "container runtime")]
+        problem = result.problems[0]
+        assert "error setting rlimit type 7" in problem["found"], problem
+        facts = json.loads((tmp_path / "ctr-start" / "preflight.json").read_text())["facts"]
+        start = facts[second.name]["container"]["start"]
+        assert start["started"] and start["ulimits"][0].startswith("--ulimit=nofile="), start
+        assert problem["fix"].startswith(f"add options: ['{start['ulimits'][0]}'")
+        # The option named: the job starts its containers there.
+        fixed = verify(job(code, image, "ctr-start-fixed", container={
+            "image": image, "pull": "never", "options": start["ulimits"]}),
+            cluster.inventory, runs_dir=tmp_path)
+        assert fixed.ok, fixed.reason
+    finally:
+        cluster.exec(second, ["mv", f"{conf}.th", conf])
 
 @pytest.fixture
 def registry(ctr, tmp_path: Path) -> Iterator[tuple[str, str]]:

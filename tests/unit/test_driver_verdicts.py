@@ -71,6 +71,24 @@ def test_stacks_without_py_spy_fail_naming_the_host_and_the_fix():
     assert reason.startswith("node1: py-spy: expected py-spy") and "pip install py-spy" in reason
 
 
+def test_stacks_without_py_spy_on_every_node_say_the_fix_once():
+    # The report's problems (plugins/filter/stacks.py): each error once, its fix apart.
+    error = "py-spy: expected py-spy next to /venv/bin/python or on PATH, found neither"
+    fix = ("/venv/bin/python -m pip install py-spy into the job's environment on every node (a "
+           "static binary, no build)")
+    report = {"summary": f"no stack of the 8 ranks could be read (node0, node1: {error})",
+              "groups": [], "ranks": [{"rank": r} for r in range(8)],
+              "errors": {"node0": error, "node1": error},
+              "problems": [{"hosts": ["node0", "node1"], "ranks": [], "error": error, "fix": fix}]}
+    assert stacks_verdict(report) == (Exit.ERROR, f"node0, node1: {error}; fix: {fix}")
+    # Ranks whose stacks could not be read: the summary, and each fix once.
+    ptrace = "py-spy needs to read the process's memory: run as the job's user"
+    unread = dict(report, errors={}, summary="no stack of the 8 ranks could be read", problems=[
+        {"hosts": ["node0"], "ranks": [0, 1, 2, 3], "error": "Permission denied", "fix": ptrace},
+        {"hosts": ["node1"], "ranks": [4, 5, 6, 7], "error": "Permission denied", "fix": ptrace}])
+    assert stacks_verdict(unread) == (
+        Exit.ERROR, f"stacks: no stack of the 8 ranks could be read; fix: {ptrace}")
+
 def test_stacks_fail_where_one_node_lacks_py_spy_even_if_others_answered():
     report = {"groups": [{"where": "f (a.py:1)", "ranks": [0, 1]}],
               "errors": {"node1": PY_SPY_MISSING}}

@@ -352,6 +352,44 @@ def test_answered_separates_the_nodes_with_facts_from_those_that_gave_none():
     assert "ssh-keyscan 10.0.0.2" in problems[0]["fix"]
 
 
+# node_facts' results where the node's Python for Ansible is missing or broken, as Ansible
+# 2.19 registered them (a local node with ansible_python_interpreter set).
+INTERPRETER_MISSING = {
+    "changed": False, "failed": True, "exception": "(traceback unavailable)", "rc": 127,
+    "module_stderr": "/bin/sh: 1: /nonexistent/python: not found\n", "module_stdout": "",
+    "msg": "The module interpreter '/nonexistent/python' was not found."}
+INTERPRETER_BROKEN = {
+    "changed": False, "failed": True, "exception": "(traceback unavailable)", "rc": 1,
+    "module_stderr": "Fatal Python error: init_fs_encoding: failed to get the Python codec of "
+                     "the filesystem encoding\n", "module_stdout": "",
+    "msg": "Module result deserialization failed: No start of json char found"}
+
+
+def test_a_missing_or_broken_module_python_names_the_interpreter_and_the_inventory():
+    hostvars = {
+        "a": {"torchherd_facts": INTERPRETER_MISSING, "inventory_file": "/c/nodes.ini",
+              "ansible_python_interpreter": "/nonexistent/python"},
+        "b": {"torchherd_facts": INTERPRETER_BROKEN, "inventory_file": "/c/nodes.ini",
+              "ansible_python_interpreter": "/opt/py/bin/python3"},
+        # No interpreter in the inventory: the one Ansible discovered.
+        "c": {"torchherd_facts": dict(INTERPRETER_BROKEN),
+              "ansible_facts": {"discovered_interpreter_python": "/usr/bin/python3"}},
+        # The module's own crash (its Python ran it): not the interpreter's fault.
+        "d": {"torchherd_facts": dict(INTERPRETER_BROKEN, module_stderr=(
+            "Traceback (most recent call last):\n  ...\nKeyError: 'x'\n"))}}
+    _facts, problems = answered(["a", "b", "c", "d"], hostvars)
+    assert [(p["host"], p["check"]) for p in problems] == [
+        ("a", "ansible python"), ("b", "ansible python"), ("c", "ansible python"), ("d", "facts")]
+    a, b, c, _d = problems
+    assert a["found"] == "/nonexistent/python: /bin/sh: 1: /nonexistent/python: not found"
+    assert a["expected"] == "a Python 3 at /nonexistent/python that runs Ansible's modules"
+    assert a["fix"].startswith("set ansible_python_interpreter for a in /c/nodes.ini to")
+    assert "install python3" in a["fix"]
+    assert b["found"].startswith("/opt/py/bin/python3: Fatal Python error: init_fs_encoding")
+    assert "deserialization" not in b["found"]
+    assert c["found"].startswith("/usr/bin/python3: Fatal Python error")
+    assert "for c in <inventory>" in c["fix"]
+
 def test_node_checks_of_a_healthy_node_find_nothing():
     _hosts, _hv, p = make({"a": cpu("a")}, hang_timeout=600)
     facts = dict(cpu("a"), py_spy="/usr/bin/py-spy")

@@ -99,3 +99,50 @@ def test_an_image_whose_python_does_not_run_says_so_in_the_images_words():
     assert (problem["host"], problem["check"]) == ("b", "python")
     assert problem["expected"] == "python3 in image img:1 runs"
     assert "podman run --rm img:1 python3 -V" in problem["fix"]
+
+
+RUNC_NOFILE = ("Error: runc: runc create failed: unable to start container process: error during "
+               "container init: error setting rlimits for ready process: error setting rlimit "
+               "type 7: operation not permitted: OCI permission denied")
+
+
+def refused(start):
+    """A node whose podman has the image but could not start a container of it (node_facts'
+    container.start), its interpreter and torch unread therefore."""
+    found = {"runtime": "podman", "path": "/usr/bin/podman", "image": "img:1", "id": "5eb7",
+             "pulled": False, "seconds": 0.1, "start": start,
+             "error": f"podman run failed (exit code {start['exit']}): {start['said']}"}
+    return node_facts("b", container=found, python={"path": "python3", "version": None,
+                                                    "error": None},
+                      torch={"version": None, "error": None, "cached": False})
+
+
+def test_a_runtime_that_cannot_start_the_image_is_named_with_the_option_that_starts_it():
+    node = refused({"exit": 126, "said": RUNC_NOFILE, "started": True,
+                    "ulimits": ["--ulimit=nofile=20000:20000", "--ulimit=nproc=32768:32768"]})
+    verdict = gate(*make({"a": node_facts("a"), "b": node}, container={"image": "img:1"}))
+    assert [(p["host"], p["check"]) for p in verdict["problems"]] == [("b", "container runtime")]
+    problem = verdict["problems"][0]
+    assert problem["expected"] == "podman starts a container of image img:1"
+    assert problem["found"] == f"podman run failed (exit code 126): {RUNC_NOFILE}"
+    assert problem["fix"].startswith(
+        "add options: ['--ulimit=nofile=20000:20000', '--ulimit=nproc=32768:32768'] to the "
+        "job's container (container.options; with them the container started on this node)")
+    assert "hard nofile, nproc limit" in problem["fix"]
+
+
+@pytest.mark.parametrize("said,fix", [
+    ("Error: crun: cgroups in hybrid mode not supported: OCI runtime error", 'runtime = "runc"'),
+    ("Error: crun: open `/proc/sys/net/ipv4/ping_group_range`: Read-only file system: OCI "
+     "runtime error", "default_sysctls = []"),
+    ("Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all",
+     "nvidia-ctk cdi generate"),
+    ("Error: some new failure: OCI runtime error",
+     "run podman run --rm img:1 python3 -V on the node as the SSH user"),
+])
+def test_a_runtime_that_fails_otherwise_is_named_with_what_its_error_suggests(said, fix):
+    node = refused({"exit": 126, "said": said, "ulimits": [], "started": False})
+    verdict = gate(*make({"a": node_facts("a"), "b": node}, container={"image": "img:1"}))
+    problem, = verdict["problems"]
+    assert (problem["host"], problem["check"]) == ("b", "container runtime")
+    assert said in problem["found"] and fix in problem["fix"]

@@ -5,6 +5,7 @@ the image. The runtime here is a script that answers as podman does (its real wo
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,70 @@ def test_apptainer_runs_the_file_with_a_clean_environment_and_the_jobs_variables
     assert _container.runtime_env(dict(found, runtime="podman"), {"A": "1"}, ["A"]) == {}
     # No container object: nothing to remove, nothing run.
     assert _container.remove(found, "torchherd-r1-n0-r0") is None
+
+
+# What podman 4.3 with runc said on a Debian machine that is itself a container (root, hard
+# nofile limit 20000 below podman's default), once per limit it could not set (recorded); and
+# crun's words for a limit and for cgroups v1 hybrid mode, after its error line.
+RUNC_RLIMIT = ("Error: runc: runc create failed: unable to start container process: error "
+               "during container init: error setting rlimits for ready process: error setting "
+               "rlimit type {}: operation not permitted: OCI permission denied")
+CRUN_RLIMIT = "Error: crun: setrlimit RLIMIT_NOFILE: Operation not permitted: OCI permission denied"
+CGROUPS = "Error: crun: cgroups in hybrid mode not supported: OCI runtime error"
+
+# A podman whose run fails as $SAYS (its %s: the limit's number) for every word of $REFUSED
+# (a limit's name) not given with --ulimit, or else exits with $CODE.
+STARTS = """#!/bin/sh
+echo "$*" >> "$CALLS"
+[ "$1" = run ] || exit 0
+for word in $REFUSED; do
+    case "$*" in
+    *--ulimit=$word=*) ;;
+    *) printf "$SAYS\\n" $(case $word in nofile) echo 7;; nproc) echo 6;; esac) >&2; exit 126 ;;
+    esac
+done
+exit ${CODE:-0}
+"""
+
+
+@pytest.fixture
+def starts(tmp_path, monkeypatch):
+    runtime = fake_runtime(tmp_path, monkeypatch, "podman", STARTS, ("calls",))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    return {"runtime": "podman", "path": str(runtime / "bin" / "podman"),
+            "image": "localhost/train:1", "id": "5eb7d3349f43"}
+
+
+def test_a_start_refused_by_a_limit_is_tried_again_at_the_nodes_limit(
+        starts, tmp_path, monkeypatch):
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    monkeypatch.setenv("SAYS", RUNC_RLIMIT.replace("{}", "%s"))
+    monkeypatch.setenv("REFUSED", "nofile nproc")
+    found = _container.check_start(starts, ["python3", "-c", ""], options=["--shm-size=1g"])
+    assert found["exit"] == 126 and found["said"] == RUNC_RLIMIT.format(7)
+    assert found["started"] is True
+    assert found["ulimits"][0] == f"--ulimit=nofile={nofile}:{nofile}"
+    assert found["ulimits"][1].startswith("--ulimit=nproc=")
+    assert int(found["ulimits"][1].split(":")[1]) <= resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    # The job's own options first, then those tried; the job's interpreter with nothing to run.
+    assert (tmp_path / "calls").read_text().splitlines()[-1].endswith(
+        f"--shm-size=1g {' '.join(found['ulimits'])} 5eb7d3349f43 python3 -c ")
+    # crun names the limit.
+    monkeypatch.setenv("SAYS", CRUN_RLIMIT)
+    monkeypatch.setenv("REFUSED", "nofile")
+    assert _container.check_start(starts, ["python3"])["ulimits"] == [
+        f"--ulimit=nofile={nofile}:{nofile}"]
+    # The job's own option at the node's limit: the container starts.
+    assert _container.check_start(starts, ["python3"], options=["--ulimit=nofile=1:1"]) is None
+
+
+def test_a_start_that_fails_otherwise_is_said_and_a_missing_command_is_the_probes(
+        starts, monkeypatch):
+    # Started: the command's own exit code, or 127 (not in the image: the probe says so).
+    for code in ("0", "1", "127"):
+        monkeypatch.setenv("CODE", code)
+        assert _container.check_start(starts, ["python3", "-c", ""]) is None
+    monkeypatch.setenv("SAYS", CGROUPS)
+    monkeypatch.setenv("REFUSED", "cgroups")
+    assert _container.check_start(starts, ["python3"]) == {
+        "exit": 126, "said": CGROUPS, "ulimits": [], "started": False}

@@ -55,8 +55,9 @@ def test_the_jobs_processes_are_told_apart_by_their_environment(job):
 
 def test_without_py_spy_the_error_says_how_to_get_it(job, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(_stacks.StacksError, match="pip install py-spy"):
+    with pytest.raises(_stacks.StacksError, match="expected py-spy next to") as raised:
         _stacks.collect(job[0], "/nonexistent/python3")
+    assert raised.value.fix.startswith("/nonexistent/python3 -m pip install py-spy")
 
 
 def frames(*names):
@@ -196,3 +197,48 @@ def test_the_report_carries_what_ras_found_wrong():
     # Nothing wrong: the summary is the stacks' alone.
     quiet = dict(a, nccl_ras=dict(a["nccl_ras"], findings={}))
     assert " | " not in stacks_report({"a": quiet}, PLAN)["summary"]
+
+
+def without_py_spy(*ranks):
+    """What job_stacks answers on a node without py-spy: its ranks, no stack, the error and the
+    fix apart (StacksError)."""
+    try:
+        _stacks.find_py_spy("/venv/bin/python")
+    except _stacks.StacksError as exc:
+        error, fix = str(exc), exc.fix
+    return {"processes": [{"pid": 100 + rank, "rank": rank, "local_rank": rank % 4,
+                           "role": "rank"} for rank in ranks], "error": error, "fix": fix}
+
+
+def test_nodes_without_py_spy_say_the_fix_once_and_keep_every_rank(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    plan = {"nodes": [{"host": "a", "node_rank": 0}, {"host": "b", "node_rank": 1}]}
+    out = stacks_report({"a": without_py_spy(0, 1, 2, 3), "b": without_py_spy(4, 5, 6, 7)}, plan)
+    report = out["report"]
+    error = "py-spy: expected py-spy next to /venv/bin/python or on PATH, found neither"
+    fix = ("/venv/bin/python -m pip install py-spy into the job's environment on every node (a "
+           "static binary, no build)")
+    assert report["errors"] == {"a": error, "b": error}
+    assert report["problems"] == [{"hosts": ["a", "b"], "ranks": [], "error": error, "fix": fix}]
+    assert [(r["host"], r["rank"]) for r in report["ranks"]] == [
+        ("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 4), ("b", 5), ("b", 6), ("b", 7)]
+    assert out["summary"] == f"no stack of the 8 ranks could be read (a, b: {error})"
+    text = out["files"][next(name for name in out["files"] if name.endswith(".txt"))]
+    assert text.count(fix) == 1 and f"  a, b: {error}\n    fix: {fix}\n" in text
+    assert text.count("-- rank ") == 8
+
+
+def test_ranks_whose_memory_py_spy_may_not_read_say_the_fix_once_per_problem():
+    results = node((0, WAITING), (1, WAITING))
+    for proc in results["processes"][:2]:
+        proc.update(threads=None, error="Error: Permission denied (os error 13)",
+                    fix=_stacks.PTRACE_FIX)
+    out = stacks_report({"a": results}, PLAN)
+    assert out["report"]["problems"] == [{"hosts": ["a"], "ranks": [0, 1],
+                                          "error": "Error: Permission denied (os error 13)",
+                                          "fix": _stacks.PTRACE_FIX}]
+    assert out["summary"] == ("no stack of the 2 ranks could be read (a ranks 0, 1: Error: "
+                              "Permission denied (os error 13))")
+    text = out["files"][next(name for name in out["files"] if name.endswith(".txt"))]
+    assert text.count(_stacks.PTRACE_FIX) == 1
+    assert "pid 100: Error: Permission denied (os error 13)\n" in text

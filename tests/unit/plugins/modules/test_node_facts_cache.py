@@ -8,7 +8,7 @@ import sys
 import pytest
 from nvidia_proc import INFORMATION, driver_dir
 
-from ansible_collections.torchherd.cluster.plugins.module_utils import _torchprobe
+from ansible_collections.torchherd.cluster.plugins.module_utils import _jobenv, _torchprobe
 
 GOOD = ({"path": sys.executable, "version": "3.11.2"},
         {"version": "2.13.0+cpu", "cuda": None, "error": None})
@@ -216,3 +216,29 @@ def test_an_image_is_probed_inside_it_and_cached_by_its_id(probes, tmp_path):
     assert ask(dict(image, id="0a393fa62322")) is False and len(probes) == 2
     assert _torchprobe.cached_probe("python3", 30, str(tmp_path), 3600, None)[1]["cached"] \
         is False
+
+
+def test_a_cached_probe_in_an_image_does_not_hide_a_runtime_that_cannot_start_it(
+        probes, tmp_path, monkeypatch):
+    image = {"runtime": "podman", "path": "/usr/bin/podman", "image": "localhost/train:1",
+             "id": "5eb7d3349f43", "pulled": False, "seconds": 0.0, "error": None, "start": None}
+    monkeypatch.setattr(_jobenv, "ensure_image", lambda spec, dry: dict(image))
+    starts = []
+    refused = {"exit": 126, "said": "Error: runc: runc create failed: ... error setting rlimit "
+               "type 7: operation not permitted: OCI permission denied",
+               "ulimits": ["--ulimit=nofile=20000:20000"], "started": True}
+    monkeypatch.setattr(_jobenv, "check_start",
+                        lambda found, command, **run: starts.append(command) or (
+                            refused if len(starts) > 2 else None))
+    spec = {"image": "localhost/train:1", "volumes": [], "options": []}
+
+    def ask():
+        return _jobenv.job_interpreter("python3", str(tmp_path), spec, 30, 3600, None, False)
+
+    assert ask()[2]["cached"] is False and ask()[2]["cached"] is True and len(probes) == 1
+    # The runtime cannot start the container now: the cached torch is not what the node says.
+    found, py, torch = ask()
+    assert starts == [["python3", "-c", ""]] * 3
+    assert found["start"] == refused and found["error"] == f"podman run failed (exit code 126): " \
+        f"{refused['said']}"
+    assert torch["version"] is None and py["version"] is None and len(probes) == 1

@@ -50,11 +50,13 @@ _value:
   description:
     - C(report) (C(reason), C(at), C(ranks) with host, rank, pid, where and the job's own frame,
       C(groups) of ranks by where they are, C(odd) the ranks outside the largest group,
-      C(errors) by host, C(flight_recorder) dumps by host, C(nccl_ras) by host (NCCL's RAS
-      answer without its text - C(address), C(findings), C(error)), C(summary)), C(summary) (one
-      line, with what NCCL's RAS found wrong) and C(files), C(<time>.json) (the report with every
-      rank's threads) and C(<time>.txt) (the same for people), named by the UTC time of the
-      report, and C(<time>.nccl-ras.txt) (RAS's status reports) where RAS answered.
+      C(errors) by host, C(problems) (each error once with the C(hosts) and C(ranks) that met
+      it and its C(fix), null where none is known), C(flight_recorder) dumps by host,
+      C(nccl_ras) by host (NCCL's RAS answer without its text - C(address), C(findings),
+      C(error)), C(summary)), C(summary) (one line, with what NCCL's RAS found wrong) and
+      C(files), C(<time>.json) (the report with every rank's threads) and C(<time>.txt) (the
+      same for people), named by the UTC time of the report, and C(<time>.nccl-ras.txt) (RAS's
+      status reports) where RAS answered.
   type: dict
 """
 
@@ -84,13 +86,24 @@ def _own_frame(frames):
                  and not str(f.get("file")).startswith("<")), None)
 
 
+def _note(said, error, fix, host, rank=None):
+    """One more node (and rank) where `error` was met, with its `fix`: `said` keeps one entry
+    per error and fix, so that the report says each once, however many nodes and ranks met it."""
+    entry = said.setdefault((error, fix), {"hosts": [], "ranks": [], "error": error, "fix": fix})
+    if host not in entry["hosts"]:
+        entry["hosts"].append(host)
+    if rank is not None:
+        entry["ranks"].append(rank)
+
+
 def stacks_report(results, plan, reason="on demand"):
-    ranks, errors, recorder, ras = [], {}, {}, {}
+    ranks, errors, recorder, ras, said = [], {}, {}, {}, {}
     node_rank = {n["host"]: n["node_rank"] for n in plan.get("nodes") or []}
     for host in sorted(results, key=lambda h: node_rank.get(h, 0)):
         res = results[host] if isinstance(results[host], dict) else {}
         if res.get("unreachable") or res.get("failed") or res.get("error"):
             errors[host] = str(res.get("error") or res.get("msg") or "unreachable")[:500]
+            _note(said, errors[host], res.get("fix"), host)
         if res.get("flight_recorder"):
             recorder[host] = res["flight_recorder"]
         if res.get("nccl_ras"):
@@ -98,6 +111,8 @@ def stacks_report(results, plan, reason="on demand"):
         for proc in res.get("processes") or []:
             if proc.get("role") != "rank":
                 continue
+            if proc.get("error"):
+                _note(said, proc["error"], proc.get("fix"), host, proc.get("rank"))
             main = _main_thread(proc.get("threads"))
             frames = (main or {}).get("frames") or []
             ranks.append({"host": host, "node_rank": node_rank.get(host), "rank": proc.get("rank"),
@@ -117,7 +132,7 @@ def stacks_report(results, plan, reason="on demand"):
     report = {"reason": reason, "at": time.time(), "ranks": ranks,
               "groups": [{"where": where, "ranks": members} for where, members in ordered],
               "odd": [{k: r[k] for k in ("rank", "host", "pid", "where", "own")} for r in odd],
-              "errors": errors, "flight_recorder": recorder,
+              "errors": errors, "problems": list(said.values()), "flight_recorder": recorder,
               "nccl_ras": {host: {k: v for k, v in found.items() if k != "text"}
                            for host, found in ras.items()}}
     summary = _summary(report)
@@ -155,10 +170,10 @@ def _summary(report):
 
 def _where_summary(report):
     ranks = report["ranks"]
+    why = f" ({'; '.join(_where_met(p) + ': ' + p['error'] for p in report['problems'])})" \
+        if report["problems"] else ""
     if not ranks:
-        return "no rank of the job found" + (
-            f" ({'; '.join(f'{h}: {e}' for h, e in report['errors'].items())})"
-            if report["errors"] else "")
+        return "no rank of the job found" + why
     if report["odd"]:
         odd = "; ".join(f"rank {r['rank']} on {r['host']} in {r['where']}"
                         + (f" from {r['own']}" if r["own"] and r["own"] != r["where"] else "")
@@ -168,9 +183,7 @@ def _where_summary(report):
         return (f"{odd}; the other {len(main['ranks'])} ranks in {main['where']}"
                 + (f" from {own}" if own and own != main["where"] else ""))
     if not report["groups"]:
-        return f"no stack of the {len(ranks)} ranks could be read" + (
-            f" ({'; '.join(f'{h}: {e}' for h, e in report['errors'].items())})"
-            if report["errors"] else "")
+        return f"no stack of the {len(ranks)} ranks could be read" + why
     if len(report["groups"]) == 1:
         return f"all {len(ranks)} ranks in {report['groups'][0]['where']}"
     return "ranks in " + "; ".join(f"{g['where']}: ranks {_ranks(g['ranks'])}"
@@ -181,13 +194,21 @@ def _ranks(members):
     return ", ".join(str(r) for r in members)
 
 
+def _where_met(problem):
+    """The nodes (and ranks) that met one problem of the report."""
+    return ", ".join(problem["hosts"]) + (f" ranks {_ranks(problem['ranks'])}"
+                                          if problem["ranks"] else "")
+
+
 def _text(report, summary):
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report["at"]))
     lines = [f"stacks ({report['reason']}) at {when}: {len(report['ranks'])} ranks", summary, ""]
     for group in report["groups"]:
         lines.append(f"  {group['where']}: ranks {_ranks(group['ranks'])}")
-    for host, error in report["errors"].items():
-        lines.append(f"  {host}: {error}")
+    for problem in report["problems"]:
+        lines.append(f"  {_where_met(problem)}: {problem['error']}")
+        if problem["fix"]:
+            lines.append(f"    fix: {problem['fix']}")
     for host, dumps in report["flight_recorder"].items():
         lines.append(f"  {host}: Flight Recorder dumps {', '.join(sorted(dumps.values()))}")
     for host, found in report["nccl_ras"].items():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import resource
 import shutil
 import subprocess
 import time
@@ -45,6 +46,17 @@ PULL_TIMEOUT = 3600
 # What a runtime says of an image it does not have (podman, docker).
 _ABSENT = re.compile(r"image not known|no such image|no such object|failed to find image",
                      re.IGNORECASE)
+# The exit codes of a run that the runtime failed to start (podman and docker: 125, its own
+# error; 126, the OCI runtime could not start the container; apptainer: 255, FATAL). 127 (the
+# command is not in the image) and the command's own codes are the probe's to tell.
+START_FAILED = {"podman": (125, 126), "docker": (125, 126), "apptainer": (255,),
+                "singularity": (255,)}
+# Linux's resource limits as the OCI runtimes name one they could not set: runc by its number
+# ("error setting rlimit type 7"), crun by its name ("setrlimit `RLIMIT_NOFILE`"); to the name
+# --ulimit takes.
+ULIMITS = ("cpu", "fsize", "data", "stack", "core", "rss", "nproc", "nofile", "memlock", "as",
+           "locks", "sigpending", "msgqueue", "nice", "rtprio", "rttime")
+_RLIMIT = re.compile(r"rlimit type (\d+)|RLIMIT_([A-Z]+)")
 # Run inside the image before the launcher: takes the secrets, one JSON line on standard input,
 # into the environment, then becomes the launcher (same pid, nothing left between).
 SHIM = ("import json, os, sys\n"
@@ -139,9 +151,9 @@ def _ensure_sif(found, spec, dry):
 
 
 def ensure(spec, dry=False):
-    """The job's image on this node: {runtime, path, image, id, pulled, seconds, error}, pulled
-    first where the policy (spec pull) says so; error (not an exception) says why the job cannot
-    run in it here. `dry` (check mode) pulls nothing. For apptainer (SIF_RUNTIMES) the id is the
+    """The job's image on this node: {runtime, path, image, id, pulled, seconds, error, start},
+    pulled first where the policy (spec pull) says so; error (not an exception) says why the job
+    cannot run in it here; start is check_start's answer, where the caller asks for it. `dry` (check mode) pulls nothing. For apptainer (SIF_RUNTIMES) the id is the
     SIF file, pulled under spec's cache_dir where the image is a URI, and `stamp` (its size and
     time) stands for its content."""
     start = time.monotonic()
@@ -149,7 +161,7 @@ def ensure(spec, dry=False):
     name, path = find_runtime(wanted)
     image, policy = spec["image"], spec.get("pull") or "missing"
     found = {"runtime": name, "path": path, "image": image, "id": None, "pulled": False,
-             "seconds": 0.0, "error": None}
+             "seconds": 0.0, "error": None, "start": None}
     if not path:
         listed = (", ".join(RUNTIMES[:-1]) + " or " + RUNTIMES[-1]) if wanted in ("", "auto") \
             else wanted
@@ -188,6 +200,66 @@ def ensure(spec, dry=False):
     found.update(id=ident if why is None else None, error=why,
                  seconds=round(time.monotonic() - start, 3))
     return found
+
+
+def _refused_limit(said):
+    """The limit (its --ulimit name) that the OCI runtime could not set, as it said, or None."""
+    match = _RLIMIT.search(said or "")
+    if not match:
+        return None
+    if match.group(1):
+        number = int(match.group(1))
+        return ULIMITS[number] if number < len(ULIMITS) else None
+    name = match.group(2).lower()
+    return name if name in ULIMITS else None
+
+
+def _ulimit(name):
+    """--ulimit for the limit `name` at the hard limit this user has on the node, which the
+    runtime can set where its default is above it (None where there is none to name). nproc no
+    higher than the kernel's pid_max (no more processes can exist): podman lowers its own hard
+    nproc limit to that."""
+    number = getattr(resource, f"RLIMIT_{name.upper()}", None)
+    hard = resource.getrlimit(number)[1] if number is not None else resource.RLIM_INFINITY
+    if name == "nproc":
+        try:
+            with open("/proc/sys/kernel/pid_max", encoding="ascii") as handle:
+                pid_max = int(handle.read())
+        except (OSError, ValueError):
+            pid_max = None
+        if pid_max and (hard == resource.RLIM_INFINITY or hard > pid_max):
+            hard = pid_max
+    if hard == resource.RLIM_INFINITY:
+        return None  # the runtime may set any value: something else refused it
+    return f"--ulimit={name}={hard}:{hard}"
+
+
+def check_start(found, command, *, gpus=False, volumes=(), options=(), timeout=CHECK_TIMEOUT):
+    """Whether the runtime starts a container of the image `found` (ensure's answer, without
+    error) as the job's run will (its volumes and options), running `command` in it: None
+    where it does, else {exit, said (the runtime's own error line), ulimits, started}. Where
+    the OCI runtime could not set a resource limit (the runtime's default above the node's
+    hard limit), the run is tried again with --ulimit at the node's limit added for each one
+    refused: `ulimits` are those options and `started` whether the container started with
+    them."""
+    added, failed = [], None
+    while True:
+        argv = run_argv(found, gpus=gpus, volumes=volumes, options=list(options) + added)
+        try:
+            proc = _run(argv + list(command), timeout)
+        except subprocess.TimeoutExpired as exc:
+            return {"exit": None, "said": f"{found['runtime']} did not start a container in "
+                    f"{exc.timeout:g} s", "ulimits": added, "started": False}
+        if proc.returncode not in START_FAILED.get(found["runtime"], ()):
+            break
+        said = _last_line(proc.stderr or proc.stdout) or f"exit code {proc.returncode}"
+        failed = failed or {"exit": proc.returncode, "said": said}
+        limit = _refused_limit(said)
+        option = limit and _ulimit(limit)
+        if not option or option in added:
+            return dict(failed, ulimits=added, started=False)
+        added.append(option)
+    return dict(failed, ulimits=added, started=True) if failed else None
 
 
 def run_argv(found, *, name=None, mounts=(), workdir=None, env_names=(), gpus=False,

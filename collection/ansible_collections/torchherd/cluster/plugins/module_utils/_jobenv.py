@@ -10,10 +10,11 @@ import subprocess
 import sys
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
-    ensure as ensure_image,
+    check_start,
+    run_argv,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._container import (
-    run_argv,
+    ensure as ensure_image,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     read_state,
@@ -46,13 +47,22 @@ def job_interpreter(python, root, spec, timeout, max_age, driver, check_mode):
     # apptainer pulls an image given as a URI into a SIF file there.
     spec = dict(spec or {}, cache_dir=os.path.join(root, "images"))
     container = ensure_image(spec, check_mode) if spec.get("image") else None
+    run = dict(gpus=bool((driver or {}).get("gpus")), volumes=spec.get("volumes") or (),
+               options=spec.get("options") or ())
+    if container and not container["error"]:
+        # On every call, before the probe: a cached reading of torch in the image must not
+        # hide a runtime that cannot start the container now (limits, its configuration).
+        # An empty program of the job's interpreter: one start, a fraction of a second.
+        start = container["start"] = check_start(container, [python, "-c", ""], **run)
+        if start:
+            code = f" (exit code {start['exit']})" if start["exit"] is not None else ""
+            container["error"] = f"{container['runtime']} run failed{code}: {start['said']}"
     if container and container["error"]:
-        # The gate's container check says why; nothing runs in an image that is not there.
+        # The gate's container checks say why; nothing runs in an image that is not there.
         py = {"path": python, "version": None, "error": None}
         torch = {"version": None, "error": None, "cached": False}
     else:
-        prefix = run_argv(container, gpus=bool((driver or {}).get("gpus")),
-                          volumes=spec["volumes"], options=spec["options"]) if container else ()
+        prefix = run_argv(container, **run) if container else ()
         py, torch = cached_probe(python, timeout, root, max_age, driver, container, prefix)
     return container, py, refresh(torch, driver)
 

@@ -70,8 +70,18 @@ RAS_TIMEOUT = 5
 RAS_SECTIONS = ("Errors", "Warnings")
 
 
+# The fix where py-spy may not read a process's memory: the report says it once, not per rank.
+PTRACE_FIX = ("py-spy needs to read the process's memory: run as the job's user, or as root "
+              "where kernel.yama.ptrace_scope is 1 or more")
+
+
 class StacksError(Exception):
-    """Why no stack can be read on this node at all."""
+    """Why no stack can be read on this node at all (its message), and the fix (`fix`): apart,
+    so that a report over many nodes says one fix once."""
+
+    def __init__(self, message, fix=None):
+        super().__init__(message)
+        self.fix = fix
 
 
 def py_spy_path(python):
@@ -90,8 +100,8 @@ def find_py_spy(python):
         install = f"{python} -m pip install py-spy" if python else "pip install py-spy"
         raise StacksError(
             f"py-spy: expected py-spy next to {python or 'the job interpreter'} or on PATH, "
-            f"found neither; fix: {install} into the job's environment on every node (a "
-            f"static binary, no build)")
+            "found neither", f"{install} into the job's environment on every node (a static "
+            "binary, no build)")
     return found
 
 
@@ -141,28 +151,26 @@ def processes(run_dir):
 
 
 def dump(py_spy, pid, timeout=15.0):
-    """(threads, error) of one process: py-spy's JSON (threads with frames, innermost first)."""
+    """(threads, error, fix) of one process: py-spy's JSON (threads with frames, innermost
+    first), or why not and, where known, the fix."""
     argv = [py_spy, "dump", "--pid", str(pid), "--json", "--nonblocking"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return None, f"py-spy took more than {timeout:g} s"
+        return None, f"py-spy took more than {timeout:g} s", None
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         error = " ".join(lines[:2]) or f"py-spy exit code {proc.returncode}"
-        if "Permission" in error:
-            error += (" (py-spy needs to read the process's memory: run as the job's user, or "
-                      "as root where kernel.yama.ptrace_scope is 1 or more)")
-        return None, error[:500]
+        return None, error[:500], PTRACE_FIX if "Permission" in error else None
     try:
         threads = json.loads(proc.stdout)
     except ValueError:
-        return None, "py-spy printed no JSON"
+        return None, "py-spy printed no JSON", None
     return [{"thread_id": t.get("os_thread_id"), "name": t.get("thread_name"),
              "main": t.get("os_thread_id") == pid, "active": t.get("active"),
              "frames": [{"name": f.get("name"), "file": f.get("filename"),
                          "line": f.get("line")} for f in t.get("frames") or []]}
-            for t in threads], None
+            for t in threads], None, None
 
 
 def _is_fifo(path):
@@ -281,8 +289,8 @@ def collect(run_dir, python, flight_recorder_wait=10.0):
         # NCCL's RAS answers meanwhile (its collective may wait for every leg's timeout).
         ras = pool.submit(nccl_ras, procs)
         dumps = list(pool.map(lambda proc: dump(py_spy, proc["pid"]), procs))
-        for proc, (threads, error) in zip(procs, dumps):
-            proc.update(threads=threads, error=error)
+        for proc, (threads, error, fix) in zip(procs, dumps):
+            proc.update(threads=threads, error=error, fix=fix)
         dumps, missing = ask_flight_recorder(procs, flight_recorder_wait)
         ras = ras.result()
     return {"processes": procs, "flight_recorder": dumps, "flight_recorder_missing": missing,

@@ -76,7 +76,8 @@ processes:
     - The job's processes here, each with C(pid), C(rank) and C(local_rank) (null for the
       launcher), C(role) (C(rank), C(child) for a process a rank started, such as a data loader
       worker, C(launcher)), C(cmdline), C(pipe) (its Flight Recorder pipe's prefix), C(dump),
-      C(ras) (where its NCCL's RAS answers, null for none), C(threads) and C(error).
+      C(ras) (where its NCCL's RAS answers, null for none), C(threads), C(error) and C(fix)
+      (how to fix C(error) where known, the same for every rank of a node).
     - A thread has C(thread_id), C(name), C(main) (the process's main thread), C(active) and
       C(frames), innermost first, each with C(name) (the function), C(file) and C(line).
   returned: always
@@ -89,6 +90,7 @@ processes:
       role: rank
       cmdline: [/usr/bin/python3, -u, train.py]
       error: null
+      fix: null
       threads:
         - {thread_id: 4242, name: MainThread, main: true, active: false,
            frames: [{name: stall, file: /root/code/train.py, line: 12}]}
@@ -120,6 +122,12 @@ error:
   returned: always
   type: str
   sample: null
+fix:
+  description: How to fix RV(error) (install py-spy, with the command), apart from it so that a
+    report over many nodes says one fix once; null where there is none.
+  returned: always
+  type: str
+  sample: /opt/venv/bin/python -m pip install py-spy into the job's environment on every node (a static binary, no build)
 checked_at:
   description: The node's time when the stacks were read.
   returned: always
@@ -157,7 +165,7 @@ def main():
     paths = run_paths(p["root"], p["run_id"])
     if module.check_mode:
         module.exit_json(changed=False, processes=processes(paths["dir"]), flight_recorder={},
-                         flight_recorder_missing=[], nccl_ras=None, error=None,
+                         flight_recorder_missing=[], nccl_ras=None, error=None, fix=None,
                          checked_at=time.time())
     changed = False
     if p["mark_hung"] and os.path.isdir(paths["dir"]):
@@ -170,8 +178,8 @@ def main():
         procs = processes(paths["dir"])
         module.exit_json(changed=changed, processes=procs, flight_recorder={},
                          flight_recorder_missing=[], nccl_ras=nccl_ras(procs), error=str(exc),
-                         checked_at=time.time())
-    module.exit_json(changed=changed, error=None, checked_at=time.time(), **found)
+                         fix=exc.fix, checked_at=time.time())
+    module.exit_json(changed=changed, error=None, fix=None, checked_at=time.time(), **found)
 
 
 if __name__ == "__main__":

@@ -223,10 +223,16 @@ container:
       there; for apptainer the SIF file's path, with C(stamp), its size and time), C(pulled)
       (this call pulled it), C(seconds) (finding and pulling it) and C(error) (why the job
       cannot run in it here, else null).
+    - C(start) says why the runtime could not start a container of the image, as the job's run
+      will (its options and volumes, the job interpreter with an empty program), on every call,
+      a cached torch probe or not - C(exit) (the runtime's exit code), C(said) (its error line),
+      C(ulimits) (where the OCI runtime could not set a resource limit, the C(--ulimit) options
+      at the node's hard limits that the run was tried again with) and C(started) (whether it
+      started with them); null where it started, or where the image was not found.
   returned: always
   type: dict
   sample: {runtime: podman, path: /usr/bin/podman, image: "localhost/train:1", id: 746fcdc62655,
-           pulled: false, seconds: 0.08, error: null}
+           pulled: false, seconds: 0.08, error: null, start: null}
 infiniband:
   description: The InfiniBand/RoCE devices under C(/sys/class/infiniband), each port's C(state)
     and C(link_layer); empty without any.

@@ -24,7 +24,7 @@ def venv(host, f, plan):
 def container(host, f, plan):
     """The job's image is on the node (or was pulled) and its runtime answers the SSH user."""
     found = f.get("container") or {}
-    if not found.get("error"):
+    if not found.get("error") or found.get("start"):
         return []
     spec = plan.get("container") or {}
     image = spec.get("image") or found.get("image")
@@ -49,6 +49,55 @@ def container(host, f, plan):
     return [problem(host, "container",
                     f"image {image} runnable with {found.get('runtime') or spec.get('runtime')}",
                     error, fix)]
+
+
+# What an OCI runtime's error says (lower case), and its fix, the first that matches, where it
+# could not start a container for another reason than a resource limit.
+START_FIXES = (
+    ("cgroups in hybrid mode", 'crun refuses cgroups v1 hybrid mode: set runtime = "runc" under '
+     "[engine] in the node's containers.conf"),
+    ("/proc/sys/", "the node's /proc/sys is read-only (a node that is itself a container): set "
+     "default_sysctls = [] under [containers] in its containers.conf"),
+    ("/sys/fs/cgroup", "the node's cgroup tree is read-only or not the runtime's (a node that is "
+     'itself a container): set cgroups = "disabled" under [containers] and runtime = "crun" '
+     "under [engine] in its containers.conf"),
+    ("mount 'proc' to 'proc'", "the node lacks CAP_SYS_ADMIN (a node that is itself a "
+     "container): start it with that capability, or run the job without an image"),
+    ("default oci runtime", "install the OCI runtime it names (crun or runc), or name the one "
+     "there: runtime under [engine] in the node's containers.conf"),
+    # The GPUs (run_argv's GPU_OPTIONS): podman through CDI, docker through its runtime hook.
+    ("unresolvable cdi devices", "generate the node's CDI spec of its GPUs with the NVIDIA "
+     "Container Toolkit (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"),
+    ("could not select device driver", "install the NVIDIA Container Toolkit on the node and "
+     "configure docker for it (nvidia-ctk runtime configure --runtime=docker, then restart "
+     "docker)"),
+)
+
+
+def runtime_starts(host, f, plan):
+    """The runtime starts a container of the job's image on the node, as the job's run will
+    (its options and volumes): read on every preflight, cached torch facts or not."""
+    found = f.get("container") or {}
+    start = found.get("start")
+    if not start:
+        return []
+    runtime, image = found.get("runtime"), found.get("image")
+    py = f["python"].get("path")
+    if start.get("ulimits"):
+        options = ", ".join(f"'{option}'" for option in start["ulimits"])
+        limits = ", ".join(option.split("=")[1] for option in start["ulimits"])
+        fix = (f"add options: [{options}] to the job's container (container.options; "
+               + ("with them the container started on this node" if start.get("started") else
+                  "the container still failed with them: run it by hand to see why")
+               + f"), or raise the SSH user's hard {limits} limit on the node to the runtime's "
+               f"default (or set default_ulimits in its containers.conf)")
+    else:
+        fix = next((fix for said, fix in START_FIXES if said in start["said"].lower()),
+                   f"run {runtime} run --rm {image} {py} -V on the node as the SSH user and "
+                   "fix what the runtime says (its configuration, storage or the job's "
+                   "container.options)")
+    return [problem(host, "container runtime",
+                    f"{runtime} starts a container of image {image}", found["error"], fix)]
 
 
 def interpreter(host, f, plan):
@@ -104,4 +153,4 @@ def py_spy(host, f, plan):
 
 
 # The checks of one node's own facts, in the order their problems are listed.
-NODE_CHECKS = (venv, container, interpreter, rsync, py_spy)
+NODE_CHECKS = (venv, container, runtime_starts, interpreter, rsync, py_spy)
