@@ -196,6 +196,31 @@ def test_a_user_without_root_stops_a_detached_job_with_nothing_left(uneven, trai
     assert_no_job_left(uneven)
 
 
+def test_become_another_user_runs_the_job_as_that_user(uneven, trainer, tmp_path):
+    """-b --become-user, as ansible-playbook takes them: root logs in, the job runs as the
+    user become names (its euid in the facts, its home's torchherd root), and stop leaves
+    nothing."""
+    import subprocess
+    import sys
+
+    from tests.integration.helpers import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", "driver", "launch", "-i", str(uneven.inventory), "-b",
+         "--become-user", "trainer", "--code-src", str(EXAMPLES), "--nproc-per-node", "1",
+         "--run-id", "become", "--runs-dir", str(tmp_path), "--json", "--", "allreduce.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    result = json.loads(done.stdout)
+    assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
+    assert {f[3] for f in ranks(tmp_path, "become", uneven)} == {"3"}
+    facts = json.loads((tmp_path / "become" / "preflight.json").read_text())["facts"]
+    uids = {node.name: uneven.exec(node, ["id", "-u", "trainer"]).stdout.strip()
+            for node in uneven.nodes}
+    assert {h: str(f["euid"]) for h, f in facts.items()} == uids
+    assert all(f["root"].startswith("/home/trainer/") for f in facts.values()), facts
+    assert_no_job_left(uneven)
+
+
 def test_a_user_without_root_is_told_what_a_default_deny_node_lacks(uneven, trainer,
                                                                       tmp_path):
     denied = uneven.nodes[1]

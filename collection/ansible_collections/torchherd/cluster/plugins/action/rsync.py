@@ -67,10 +67,13 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
 
+    def _is_local(self):
+        return self._connection.transport in ("local", "ansible.builtin.local")
+
     def _remote(self, path):
         """Turn a node path into rsync's remote form, or keep it local for local connections."""
         conn = self._connection
-        if conn.transport in ("local", "ansible.builtin.local"):
+        if self._is_local():
             return path, None
         if conn.transport not in ("ssh", "ansible.builtin.ssh"):
             raise AnsibleActionFail(
@@ -86,6 +89,25 @@ class ActionModule(ActionBase):
         if ":" in host:
             host = f"[{host}]"
         return f"{host}:{path}", shlex.join(ssh)
+
+    def _become_user(self):
+        """The user the node's side of rsync runs as where the task is under become to another
+        user than the SSH user (-b, --become-user), else None. rsync cannot answer a become
+        prompt: sudo runs it non-interactively (-n), and where sudo asks for a password the
+        copy fails with sudo's own words."""
+        become = getattr(self._connection, "become", None)
+        if become is None or self._is_local():
+            return None
+        user = self.get_become_option("become_user") or "root"
+        if user == self._get_remote_user():
+            return None
+        if become.name not in ("sudo", "ansible.builtin.sudo"):
+            raise AnsibleActionFail(
+                f"torchherd.cluster.rsync: become method {become.name}: expected sudo, which "
+                "can run rsync on the node as another user, found "
+                f"{become.name}; fix: use --become-method sudo, or log in as {user} "
+                "(ansible_user) so that no become is needed for the copy")
+        return user
 
     def _push(self, argv, dest):
         """rsync creates only the last component of the destination. Try without a round trip
@@ -106,10 +128,16 @@ class ActionModule(ActionBase):
         args = self.validate_argument_spec(argument_spec=_ARGS)[1]
         # The node's side may start with ~ (the plan's default root is ~/.torchherd): rsync and
         # mkdir would take it literally, so it is resolved on the node first (one round trip,
-        # only then).
+        # only then). A local node's modules run in this process's environment and resolve ~
+        # by its HOME; Ansible's own expansion would ask for the account's home instead (~user),
+        # which differs where HOME is set otherwise, and the code would land where the job
+        # never looks.
         side = "dest" if args["direction"] == "push" else "src"
+        # Under become to another user, ~ is that user's home (as the modules resolve it).
+        become_user = self._become_user()
         if args[side].startswith("~"):
-            args[side] = self._remote_expand_user(args[side], sudoable=False)
+            args[side] = (os.path.expanduser(args[side]) if self._is_local() else
+                          self._remote_expand_user(args[side], sudoable=bool(become_user)))
         src = args["src"].rstrip("/") + "/"
         dest = args["dest"].rstrip("/") + "/"
         if args["direction"] == "push":
@@ -125,6 +153,8 @@ class ActionModule(ActionBase):
         argv = ["rsync", "-rlptD", "--itemize-changes", "--out-format=%i %n%L", "--stats"]
         if ssh:
             argv += ["-e", ssh]
+        if ssh and become_user:
+            argv.append(f"--rsync-path=sudo -n -u {shlex.quote(become_user)} rsync")
         if args["checksum"]:
             argv.append("--checksum")
         if args["delete"]:

@@ -16,6 +16,10 @@ description:
   - O(direction=push) copies code to the node (only what changed, by rsync's delta transfer);
     O(direction=pull) brings logs and artifacts back.
   - Needs rsync on the controller and on the node, and key-based SSH (no password prompts).
+  - Under become to another user than the SSH user (C(become_user), the driver's C(-b)
+    C(--become-user)), the node's side runs as that user through C(sudo -n) and a leading C(~)
+    is that user's home, as the modules see it; sudo must let the SSH user run rsync without a
+    password (the copy fails with sudo's words otherwise). Other become methods are refused.
   - This is an action plugin; this file only documents it.
 extends_documentation_fragment:
   - torchherd.cluster._attributes
