@@ -1,12 +1,14 @@
 """Ansible's own options on every action that talks to the nodes, with Ansible's meaning: the
-SSH user and key, forks, become, the vault's passwords.
+SSH user and key, forks, become, the vault's passwords, the limit.
 
 Each is given to ansible-playbook the way ansible-playbook's own flag would set it: the
 configuration's environment variable (ANSIBLE_REMOTE_USER for -u, and so on), which also the
 driver's own reads of the inventory and the job file see; a password asked for (-K, -J) is
 typed once, kept in this process only, and answered to ansible-playbook's own prompt (never in
-a file, an environment variable or a command line). A user's ansible.cfg sets the same things
-for every run; a flag wins over it for this one, as with ansible-playbook.
+a file, an environment variable or a command line). The limit, which no configuration setting
+holds, goes to ansible-playbook's own --limit, with localhost added: the plan and the summary
+run there (see limit_pattern). A user's ansible.cfg sets the same things for every run; a flag
+wins over it for this one, as with ansible-playbook.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+from pathlib import Path
 from typing import Any
+
+from driver.result import UsageError
 
 # flag -> (the configuration's environment variable, how its value is written)
 _ENV = {
@@ -31,6 +36,10 @@ VAULT_PROMPT = r"Vault password.*:\s*$"
 
 # Passwords typed for this process: prompt pattern -> (ansible-playbook's flag, the password).
 _answers: dict[str, tuple[str, str]] = {}
+# ansible-playbook's --limit for this process's runs (limit_pattern), where -l was given.
+_limit: list[str] = []
+# The names by which a pattern means the controller itself (ansible-core's C.LOCALHOST).
+_LOCALHOST = ("localhost", "127.0.0.1", "::1")
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, short_forks: bool = True) -> None:
@@ -57,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, short_forks: bool = True) 
                        help="the vault password file for a vaulted inventory or job file")
     group.add_argument("-J", "--ask-vault-pass", action="store_true",
                        help="ask for the vault password (once; answered to Ansible's prompt)")
+    group.add_argument("-l", "--limit", metavar="SUBSET",
+                       help="only the hosts this pattern matches (node1,node2; gpu:!node3; "
+                            "@FILE); a launch that leaves out a node the job needs is refused "
+                            "unless a spare takes its place")
 
 
 def apply(args: argparse.Namespace, ask: Any = getpass.getpass) -> None:
@@ -72,6 +85,53 @@ def apply(args: argparse.Namespace, ask: Any = getpass.getpass) -> None:
         _answers[BECOME_PROMPT] = ("--ask-become-pass", ask("BECOME password: "))
     if getattr(args, "ask_vault_pass", False):
         _answers[VAULT_PROMPT] = ("--ask-vault-pass", ask("Vault password: "))
+    if getattr(args, "limit", None) is not None:
+        _limit[:] = ["--limit", limit_pattern(args.limit)]
+
+
+def limit_pattern(given: str) -> str:
+    """ansible-playbook's --limit for the pattern ``given``: its terms as Ansible splits them
+    (those of a limit file, @FILE, read here as Ansible reads them), and localhost. The plays
+    on the controller (the plan, the summary) run on localhost, which a limit that leaves it
+    out would skip; the plan reads the limit (ansible_limit) and leaves out of the job what it
+    does not match. Ansible takes a limit's terms as: the hosts named, then only those in each
+    ``&`` term, less those in each ``!`` term. Localhost added survives every exclusion but its
+    own and no intersection: those two are refused, not changed in meaning."""
+    from ansible.inventory.manager import split_host_pattern
+
+    terms: list[str] = []
+    for term in split_host_pattern(given):
+        if term.startswith("@"):
+            try:
+                lines = Path(term[1:]).expanduser().read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise UsageError(f"--limit {given}: expected a readable limit file {term[1:]}, "
+                                 f"found {exc.strerror or exc}; fix: give the file's path "
+                                 f"after @, or the hosts themselves") from None
+            terms += [line.strip() for line in lines if line.strip()]
+        elif term:
+            terms.append(term)
+    for term in terms:
+        why = ("an intersection, which would leave localhost out" if term.startswith("&") else
+               "localhost left out" if term[1:] in _LOCALHOST and term.startswith("!") else "")
+        if why:
+            raise UsageError(f"--limit {given}: expected a pattern that keeps localhost (the "
+                             f"plan and the summary run there), found {term!r}, {why}; fix: "
+                             f"name the hosts or groups to run on, less those to leave out "
+                             f"(node1,node2 or gpu:!node3)")
+    if not terms:
+        raise UsageError(f"--limit {given!r}: expected a host pattern, found none; fix: name "
+                         f"the hosts or groups to run on (node1,node2 or gpu:!node3)")
+    if all(term.startswith("!") for term in terms):
+        terms.insert(0, "all")  # Ansible's reading of exclusions alone: all hosts but those
+    if not any(term in _LOCALHOST for term in terms):
+        terms.append("localhost")
+    return ",".join(terms)
+
+
+def limit_flags() -> list[str]:
+    """ansible-playbook's --limit and its pattern, where -l was given; else nothing."""
+    return list(_limit)
 
 
 def prompt_answers() -> tuple[list[str], dict[str, str]]:

@@ -107,7 +107,8 @@ def _runs(args: argparse.Namespace, ui: Ui) -> int:
     if args.prune:
         return _prune(args, ui)
     given = [flag for flag, value in (("--keep", args.keep), ("--older-than", args.older_than),
-                                      ("-i", args.inventory), ("--yes", args.yes or None))
+                                      ("-i", args.inventory), ("-l", args.limit),
+                                      ("--yes", args.yes or None))
              if value is not None]
     if given:
         raise UsageError(f"runs {given[0]}: expected it with --prune, found no --prune")

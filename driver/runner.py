@@ -26,7 +26,7 @@ from typing import Any
 
 import ansible_runner
 
-from driver.ansible_options import passwords, prompt_answers
+from driver.ansible_options import limit_flags, passwords, prompt_answers
 from driver.paths import collections_env, driver_version, playbook
 from driver.pipes import drained, handed_over
 
@@ -254,7 +254,7 @@ def run_playbook(
                 inventory=[str(inventory)],  # driver.inputs.inventory_source made it absolute
                 envvars=env,
                 cmdline=shlex.join([*leading, *_cmdline(all_at_once(name, extravars)),
-                                    *asking, "-e", f"@{extravars_pipe}"]),
+                                    *asking, *limit_flags(), "-e", f"@{extravars_pipe}"]),
                 # The passwords asked for (-K, -J), answered to ansible-playbook's own prompts
                 # through its terminal: in no file, no environment, no command line.
                 passwords=answers,

@@ -102,9 +102,9 @@ def own_masters(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 # - tests that share a session cluster run in one worker, or each worker would bring up its own
 #   copy under the same name and wait on the other's reservation;
 # - tests on this machine's own nodes (the embedded default's kind: loopback addresses, the
-#   default master port, /tmp/torchherd-local) run in one worker, one after the other, as they
-#   would collide side by side; so do the other tests of their modules, which then build the
-#   modules' fixtures (a wheel, a playbook run) once;
+#   default master port, the roots under ~/.torchherd/local) run in one worker, one after the
+#   other, as they would collide side by side; so do the other tests of their modules, which
+#   then build the modules' fixtures (a wheel, a playbook run) once;
 # - every other test keeps its module's worker, where its module-scoped cluster lives.
 # Container clusters have networks of their own: groups of different clusters do not disturb
 # each other.

@@ -9,9 +9,19 @@ from pathlib import Path
 from tests.integration.helpers import REPO
 
 LOCAL_INI = REPO / "inventories" / "local.ini"
-# local.ini's torchherd_root of each node: a run lives in <root>/runs/<run_id> there, its code
-# in <root>/code/<job name>.
-NODE_ROOTS = [Path(p) for p in re.findall(r"torchherd_root=(\S+)", LOCAL_INI.read_text())]
+
+
+def node_roots(home: Path | None = None) -> list[Path]:
+    """local.ini's torchherd_root of each node: a run lives in <root>/runs/<run_id> there, its
+    code in <root>/code/<job name>. The roots are under ~, which the nodes (this user on this
+    machine) resolve by HOME: ``home`` where a launch runs with another one."""
+    given = re.findall(r"torchherd_root=(\S+)", LOCAL_INI.read_text())
+    if home is None:
+        return [Path(p).expanduser() for p in given]
+    return [home / p.removeprefix("~/") for p in given]
+
+
+NODE_ROOTS = node_roots()
 
 
 def live_processes_of(node_run_dir: Path) -> list[int]:

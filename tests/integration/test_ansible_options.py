@@ -18,7 +18,7 @@ import pexpect
 import pytest
 
 from tests.integration.helpers import EXAMPLES, REPO
-from tests.integration.local_nodes import LOCAL_INI
+from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS
 
 PASSWORD = "correct horse"
 
@@ -106,3 +106,39 @@ def test_the_key_and_the_user_as_flags(cluster3, tmp_path):
     result = json.loads(done.stdout)
     assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
     assert {h["state"] for h in result["hosts"].values()} == {"succeeded"}
+
+
+def test_a_limit_that_leaves_out_the_spare_launches_with_every_rank_kept(tmp_path):
+    """-l as ansible-playbook's --limit: the embedded default's two nodes and a spare beside
+    them, the spare left out by the limit. The job runs on the two with their ranks, and the
+    spare is never touched (no task ran there: its root is never made). A status within a
+    narrower limit leaves the run's record of the node it did not ask as it was."""
+    spare_root = tmp_path / "node2-root"
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(re.sub(
+        r"^(node1 .*)$", rf"\1\nnode2 ansible_host=127.0.0.3 torchherd_root={spare_root} "
+                         r"torchherd_spare=true",
+        LOCAL_INI.read_text().replace("{{ inventory_dir }}/../examples", str(EXAMPLES)),
+        count=1, flags=re.MULTILINE))
+    assert "node2" in inventory.read_text()
+    run_id = f"limited-{uuid.uuid4().hex[:8]}"
+    done = _driver("launch", "-i", inventory, "-l", "!node2", "--nproc-per-node", "1",
+                   "--run-id", run_id, "--runs-dir", tmp_path / "runs", "--json", cwd=REPO)
+    result = json.loads(done.stdout)
+    assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
+    assert {h: (n["node_rank"], n["state"]) for h, n in result["hosts"].items()} == {
+        "node0": (0, "succeeded"), "node1": (1, "succeeded")}
+    plan = json.loads((tmp_path / "runs" / run_id / "plan.json").read_text())
+    assert [n["host"] for n in plan["nodes"]] == ["node0", "node1"] and plan["spares"] == []
+    assert plan["excluded"] == {"node2": "outside the limit all,!node2,localhost"}
+    assert result["left_out"] == plan["excluded"]
+    assert not spare_root.exists()
+    # status within a narrower limit asks node0 alone: node1's last word stands, not unknown.
+    done = _driver("status", run_id, "-l", "node0", "--runs-dir", tmp_path / "runs", "--json",
+                   cwd=REPO)
+    status = json.loads(done.stdout)
+    assert done.returncode == 0, (status.get("reason"), done.stderr[-2000:])
+    assert {h: n["state"] for h, n in status["hosts"].items()} == {
+        "node0": "succeeded", "node1": "succeeded"}
+    for root in NODE_ROOTS:
+        shutil.rmtree(root / "runs" / run_id, ignore_errors=True)

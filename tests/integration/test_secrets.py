@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from driver.paths import CHECKOUT
-from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS
+from tests.integration.local_nodes import LOCAL_INI, NODE_ROOTS, node_roots
 
 NAME = "TORCHHERD_TEST_SECRET"
 CHECK = """\
@@ -80,12 +80,12 @@ def _assert_nowhere(secret: str, outputs: dict[str, str], *roots: Path) -> None:
     assert not found, f"the secret value shows in: {', '.join(found)}"
 
 
-def _assert_delivered(runs_dir: Path, run_id: str) -> None:
+def _assert_delivered(runs_dir: Path, run_id: str, roots: list[Path] | None = None) -> None:
     summary = json.loads((runs_dir / run_id / "summary.json").read_text())
     assert summary["state"] == "succeeded", summary
     plan = json.loads((runs_dir / run_id / "plan.json").read_text())
     assert plan["job"]["secret_env"] == {NAME: "********"}
-    for root in NODE_ROOTS:
+    for root in roots or NODE_ROOTS:
         shown = json.loads((root / "runs" / run_id / "env.json").read_text())
         assert shown[NAME] == "********", shown
         assert "secret ok" in (root / "runs" / run_id / "node.log").read_text()
@@ -224,7 +224,7 @@ def test_no_secret_nor_the_drivers_environment_is_on_disk_at_any_moment(tmp_path
     common = ["-i", str(LOCAL_INI), "--code-src", str(code), "--runs-dir", str(runs_dir),
               "--nproc-per-node", "1", "--secret-env", NAME]
     with Poller({"the secret": secret, "the driver's environment": token},
-                tmp, home, runs_dir, *NODE_ROOTS) as poller:
+                tmp, home, runs_dir) as poller:  # the nodes' roots are under home
         for action, extra in (("launch", ["--run-id", run_id]),
                               ("verify", ["--run-id", f"{run_id}-verify"])):
             proc = subprocess.run(
@@ -232,7 +232,7 @@ def test_no_secret_nor_the_drivers_environment_is_on_disk_at_any_moment(tmp_path
                  "check_secret.py"], cwd=CHECKOUT, env=env, capture_output=True, text=True,
                 timeout=300, check=False)
             assert proc.returncode == 0, (action, (proc.stdout + proc.stderr)[-3000:])
-    _assert_delivered(runs_dir, run_id)
+    _assert_delivered(runs_dir, run_id, node_roots(home))
     assert poller.rounds > 10, poller.rounds
     assert not poller.sightings, sorted(poller.sightings)
     assert not list(tmp.glob("torchherd-runner-*")), "a private directory was left behind"

@@ -346,3 +346,94 @@ def test_the_job_reaches_the_validator_as_plain_data():
                      "timeout": 1.5, "none": None}
     assert all(type(v) is str for v in (*found["env"], found["env"]["A"], found["args"][0]))
     assert type(found["args"][2]) is bool and type(found["args"][1]) is int
+
+
+# A limit (ansible-playbook's --limit): the hosts it matches, as the plan role queries them.
+SPARED = {**HOSTVARS, "s": {"ansible_host": "10.0.0.9", "torchherd_spare": "true"}}
+WITH_SPARE = {"torchherd_nodes": ["a", "b", "c", "s"]}
+
+
+def limited(hosts, groups=WITH_SPARE, hostvars=SPARED, **job):
+    pattern = ",".join([*hosts, "localhost"])
+    return plan({"script": "train.py", **job}, groups, hostvars, run_id="r1", limit=pattern,
+                limit_hosts=[*hosts, "localhost"])
+
+
+def test_a_limit_that_leaves_out_a_spare_keeps_every_rank():
+    p = limited(["a", "b", "c"])
+    assert [(n["host"], n["node_rank"]) for n in p["nodes"]] == [("a", 0), ("b", 1), ("c", 2)]
+    # The spare is checked nowhere (ansible-playbook does not reach it), and said why.
+    assert p["spares"] == [] and p["excluded"] == {"s": "outside the limit a,b,c,localhost"}
+    assert p["world_size"] is None and p["nnodes"] == "3"
+
+
+def test_without_a_limit_the_spare_waits_behind_the_nodes():
+    p = plan({"script": "train.py"}, WITH_SPARE, SPARED, run_id="r1")
+    assert [n["host"] for n in p["spares"]] == ["s"] and p["excluded"] == {}
+
+
+def test_a_spare_within_the_limit_takes_the_rank_of_a_node_outside_it():
+    p = limited(["a", "c", "s"])
+    assert [(n["host"], n["node_rank"]) for n in p["nodes"]] == [("a", 0), ("s", 1), ("c", 2)]
+    assert p["excluded"] == {"b": "outside the limit a,c,s,localhost"}
+
+
+@pytest.mark.parametrize("extra", [{}, {"min_node_count": 1, "rdzv": "c10d"}])
+def test_a_limit_that_leaves_out_a_needed_node_is_refused_naming_it_the_limit_and_the_fix(extra):
+    """A limit does not make the job smaller: not even where min_node_count would allow it."""
+    with pytest.raises(AnsibleFilterError) as info:
+        limited(["a", "c"], groups=GROUPS, hostvars=HOSTVARS, **extra)
+    assert ("host b: expected within the limit a,c,localhost (the job's 3 nodes), found it "
+            "outside, and no spare within the limit to take its place; fix: widen the limit to "
+            "take in b, set job.node_count to 2 (the hosts within the limit), or mark a host "
+            "within it torchherd_spare") in str(info.value)
+
+
+def test_every_node_the_limit_leaves_out_is_named():
+    with pytest.raises(AnsibleFilterError, match=r"hosts a, c: expected within the limit "
+                                                  r"b,localhost .* found them outside"):
+        limited(["b"], groups=GROUPS, hostvars=HOSTVARS)
+
+
+def test_the_fix_the_limit_refusal_gives_works():
+    # node_count 2: the host within the limit that waited by count takes the place.
+    p = limited(["a", "c"], groups=GROUPS, hostvars=HOSTVARS, node_count=2)
+    assert [(n["host"], n["node_rank"]) for n in p["nodes"]] == [("a", 0), ("c", 1)]
+
+
+def test_a_host_outside_the_limit_is_no_candidate():
+    """Its settings are not checked: the address it shares with a node, its process count."""
+    hostvars = {**SPARED, "s": {"ansible_host": "10.0.0.1", "torchherd_spare": "true",
+                                "torchherd_nproc_per_node": "many"}}
+    assert limited(["a", "b", "c"], hostvars=hostvars, nproc_per_node=2)["world_size"] == 6
+    with pytest.raises(AnsibleFilterError, match="one address per node"):
+        plan({"script": "train.py"}, WITH_SPARE, hostvars, run_id="r1")
+
+
+# An inline host list (-i node1,node2,): Ansible puts its hosts in no group but ungrouped.
+INLINE = {"all": ["x", "y"], "ungrouped": ["x", "y"]}
+
+
+def test_an_inline_host_lists_hosts_are_the_nodes():
+    p = run(groups=INLINE)
+    assert [(n["host"], n["node_rank"]) for n in p["nodes"]] == [("x", 0), ("y", 1)]
+    assert [n["host"] for n in run(groups=INLINE, nodes=["y", "x"])["nodes"]] == ["y", "x"]
+
+
+@pytest.mark.parametrize("groups", [
+    {"all": [], "ungrouped": []},
+    # Groups of its own: an ungrouped host there is no node (a login node, say).
+    {"all": ["x", "y"], "ungrouped": ["x"], "gpu": ["y"]},
+    # The node group there, empty: the inventory's own choice.
+    {"all": ["x"], "ungrouped": ["x"], "torchherd_nodes": []},
+])
+def test_without_the_node_group_or_an_inline_host_list_both_are_named(groups):
+    msg = fails("node group 'torchherd_nodes': expected at least one host", groups=groups)
+    assert "no inline host list (-i node1,node2,: hosts in no group)" in msg
+    assert "fix: list the nodes under [torchherd_nodes] in the inventory, give them as -i " \
+           "node1,node2, or set torchherd_job.node_group" in msg
+
+
+def test_a_node_group_the_job_names_is_not_replaced_by_ungrouped_hosts():
+    msg = fails("node group 'gpu'", groups=INLINE, node_group="gpu")
+    assert "inline" not in msg

@@ -462,3 +462,21 @@ def test_the_timings_say_when_the_launchers_started_ahead_were_started_and_ready
     for r in results.values():
         r["warm"] = None
     assert "launcher_ready" not in summarize("/nonexistent", p, results, {})["timings"]
+
+
+def test_a_node_outside_the_limit_keeps_its_last_entry_not_unknown(tmp_path):
+    """status, stop or collect with --limit: the run's nodes outside it were not asked (no
+    answer, no checked_at), which says nothing new of them."""
+    done = {f"n{i}": {"job_state": "succeeded", "exit_code": 0} for i in range(3)}
+    first = summarize(str(tmp_path), plan(), done, {})
+    assert first["state"] == "succeeded"
+    asked = {"n0": done["n0"]}
+    again = summarize(str(tmp_path), plan(), asked, {}, previous=first["hosts"],
+                      not_asked=["n1", "n2"])
+    assert again["state"] == "succeeded" and again["hosts"]["n1"] == first["hosts"]["n1"]
+    # Without the limit's word, a node that gave no answer is unknown, as before.
+    assert summarize(str(tmp_path), plan(), asked, {}, previous=first["hosts"])["hosts"][
+        "n1"]["state"] == "unknown"
+    # Never summarized before: unknown all the same.
+    assert summarize(str(tmp_path), plan(), asked, {}, not_asked=["n1", "n2"])["hosts"][
+        "n1"]["state"] == "unknown"

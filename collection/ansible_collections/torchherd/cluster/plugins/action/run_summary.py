@@ -20,6 +20,7 @@ _ARGS = {
     "plan": {"type": "dict", "required": True},
     "results": {"type": "dict", "required": True},
     "marks": {"type": "dict", "default": {}},
+    "not_asked": {"type": "list", "elements": "str", "default": []},
 }
 
 
@@ -33,6 +34,7 @@ class ActionModule(ActionBase):
         run_dir = os.path.expanduser(args["run_dir"])
         # The phases' ends as the launch recorded them (run_record's mark), the task's over them.
         marks = {**(read_json(os.path.join(run_dir, MARKS)) or {}), **args["marks"]}
-        summary, text, path = write_summary(run_dir, args["plan"], args["results"], marks)
+        summary, text, path = write_summary(run_dir, args["plan"], args["results"], marks,
+                                            args["not_asked"])
         result.update(changed=True, summary=summary, table=text, path=path)
         return result

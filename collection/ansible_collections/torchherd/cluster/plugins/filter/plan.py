@@ -10,7 +10,8 @@ author: torchherd developers
 version_added: 0.1.0
 short_description: Compute a torchrun launch plan from the node group and a job
 description:
-  - Turns the node group of the inventory into node_rank (inventory order), nnodes,
+  - Turns the node group of the inventory (an inline host list's hosts, C(-i node1,node2,),
+    where the inventory has no groups and the job names none) into node_rank (inventory order), nnodes,
     nproc_per_node, world size, master address and port, and derives every per-node value the
     later phases use (root, code directory, Python, firewall settings), so that play vars only
     pass the plan on.
@@ -19,7 +20,14 @@ description:
     coerce the same way and fill in the same defaults from one definition of the job.
   - Fails with one message listing every problem (empty group, host listed twice, two hosts with
     one address, port out of range, bad nproc_per_node, unknown master, a script outside
-    code_src) before any node is touched.
+    code_src, a launch whose code_src holds the root or code directory of a node on this
+    machine) before any node is touched.
+  - A node is this machine where its C(ansible_connection) is C(local) (the sync copies to it
+    as to a local path); its C(torchherd_root) (and C(torchherd_code_dest), else the job's
+    C(code_dest)) resolved as the sync resolves them (C(~), relative paths and symlinks) must
+    lie outside C(code_src), or be left out of the code by the sync's ignore rules (the job's
+    C(excludes), C(.gitignore), C(.torchherdignore) at C(code_src)). Otherwise the sync would
+    copy the node's earlier copies into the next one, launch after launch.
 positional: _input, groups, hostvars, run_id, playbook
 extends_documentation_fragment:
   - torchherd.cluster._inventory
@@ -53,6 +61,21 @@ options:
         was lost, C(torchherd_exclude)). A spare takes an excluded node's place (its node rank);
         without one the job runs on fewer nodes where C(min_node_count) allows.
     type: dict
+  limit:
+    description:
+      - ansible-playbook's C(--limit) (C(ansible_limit)), the host pattern O(limit_hosts) came
+        from; the messages name it.
+    type: str
+    default: ""
+  limit_hosts:
+    description:
+      - The hosts the limit matches (C(query('ansible.builtin.inventory_hostnames',
+        ansible_limit))); null without a limit. A host of the node group outside it is no
+        candidate. A spare takes the place (the node rank) of a node outside it; where none
+        is left the plan fails naming the nodes, the limit and the fix (a limit does not make
+        the job smaller, C(min_node_count) notwithstanding). A spare outside it is left out.
+    type: list
+    elements: str
   chosen:
     description:
       - The job's nodes in rank order, as C(torchherd.cluster.choose_nodes) took them after
@@ -214,7 +237,7 @@ _value:
       description: The fewest nodes the job accepts (its C(min_node_count), else all of them).
       type: int
     excluded:
-      description: The nodes O(exclude) left out, and why.
+      description: The nodes O(exclude) and the limit (O(limit_hosts)) left out, and why.
       type: dict
     left_out:
       description: Only after C(torchherd.cluster.choose_nodes) - each candidate left out and
@@ -270,25 +293,30 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import
     script_path,
     standby_problems,
 )
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.local_code import (
+    nested_code_problems,
+)
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.nodes import (
     candidate_hosts,
     choose_master,
     node_addresses,
     node_nprocs,
     node_range,
+    outside_limit,
     rank_nodes,
     spawn_problems,
 )
 
 
 def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclude=None,
-         standbys=()):
+         standbys=(), limit="", limit_hosts=None):
     """Return the launch plan for ``job``; raise AnsibleFilterError listing every problem.
 
     ``run_id`` is the one the plan role generates for a job that names none: the filter
     stays pure (no clock, no randomness). ``chosen`` (from C(choose_nodes)) names the nodes of
     the job, in rank order, after preflight took healthy ones for unhealthy ones, and
-    ``standbys`` those of them that wait as standbys (the last ones)."""
+    ``standbys`` those of them that wait as standbys (the last ones). ``limit_hosts``: the
+    hosts ansible-playbook's limit ``limit`` matches (None: no limit)."""
     if not isinstance(job, dict):
         raise AnsibleFilterError(
             f"torchherd_job: expected a dict (the job spec), found {type(job).__name__}"
@@ -296,10 +324,13 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     merged = normalize(job)
     problems = []
     script = script_path(merged, playbook, problems)
-    candidates = candidate_hosts(merged, groups, problems)
-    hvs = {name: host_vars(name, hostvars) for name in candidates}
+    group = candidate_hosts(merged, groups, problems)
+    hvs = {name: host_vars(name, hostvars) for name in group}
     exclude = dict(exclude or {})
-    nodes, spares = rank_nodes(merged, candidates, hvs, chosen, exclude, problems)
+    outside = outside_limit(group, limit_hosts)
+    nodes, spares = rank_nodes(merged, group, hvs, chosen, exclude, problems, outside, limit)
+    # Hosts outside the limit are none of the plan's: ansible-playbook does not reach them.
+    candidates = [name for name in group if name not in outside]
     addresses = node_addresses(candidates, hvs, problems)
     problems += master_port_problems(merged)
     nproc, nprocs = node_nprocs(merged, candidates, hvs, problems)
@@ -309,6 +340,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     problems += standby_problems(merged)
     nnodes = node_range(merged, nodes, working, problems)
     problems += spawn_problems(merged, nodes + spares, hvs)
+    if playbook == "launch":  # the one that syncs the code
+        problems += nested_code_problems(merged, nodes + spares, hvs)
     problems += launcher_problems(merged, {h: nprocs[h] for h in nodes})
     problems += bound_problems(merged)
     run_id = merged["run_id"] or run_id
@@ -344,7 +377,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
         "spares": [node_entry(merged, hosts, venv, container, h, None) for h in spares],
         "min_nodes": min(len(working), merged["min_node_count"] or len(working)),
         # Nodes this launch leaves out from the start, and why (the driver's restart).
-        "excluded": {h: str(why) for h, why in exclude.items() if h in candidates},
+        "excluded": {**{h: str(why) for h, why in exclude.items() if h in group},
+                     **{h: f"outside the limit {limit}" for h in outside}},
         "nnodes": nnodes,
         "nproc_per_node": uniform[0] if len(uniform) == 1 else None,
         "world_size": None if "auto" in uniform else sum(nprocs[h] for h in working),

@@ -128,17 +128,23 @@ class Rules:
             return verdict[1]
         return None
 
-    def explain(self, rel):
+    def explain(self, rel, is_dir=None):
         """Why a path is not part of the manifest: the first of it and its parent directories
-        that is left out, and the rule; None where nothing leaves it out."""
+        that is left out, and the rule; None where nothing leaves it out. ``is_dir`` says
+        whether rel is a directory, for one that need not exist yet (None: as the disk says)."""
         parts = rel.split("/")
         for depth in range(1, len(parts) + 1):
             path = "/".join(parts[:depth])
             full = os.path.join(self.root, path)
-            is_dir = depth < len(parts) or (os.path.isdir(full) and not os.path.islink(full))
-            why = self.reason(path, is_dir)
+            if depth < len(parts):
+                here_dir = True
+            elif is_dir is not None:
+                here_dir = is_dir
+            else:
+                here_dir = os.path.isdir(full) and not os.path.islink(full)
+            why = self.reason(path, here_dir)
             if why:
-                return f"{path}{'/' if is_dir else ''} is left out by {why}"
+                return f"{path}{'/' if here_dir else ''} is left out by {why}"
         return None
 
 

@@ -53,6 +53,14 @@ options:
       (M(torchherd.cluster.run_record)'s O(torchherd.cluster.run_record#module:mark)).
     type: dict
     default: {}
+  not_asked:
+    description:
+      - The run's nodes that ansible-playbook's limit (C(--limit)) kept out of reach. No task
+        asked them, so the entries an earlier summary wrote for them stand; a node with none
+        is C(unknown).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""

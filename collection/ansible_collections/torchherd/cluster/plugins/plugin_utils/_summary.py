@@ -201,11 +201,15 @@ def _timings(plan, marks, results, hosts):
         [h.get("warm") for h in hosts.values()])
 
 
-def summarize(run_dir, plan, results, marks, previous=None):
+def summarize(run_dir, plan, results, marks, previous=None, not_asked=()):
     previous = previous or {}
     hosts = {}
     for node in plan["nodes"]:
         host = node["host"]
+        if host in not_asked and previous.get(host):
+            # Outside ansible-playbook's limit: no task asked it, the last word on it stands.
+            hosts[host] = previous[host]
+            continue
         entry = _host_entry(run_dir, plan, node, results.get(host, {}), previous.get(host))
         hosts[host] = newer(previous.get(host), entry)
     hang = hang_of(run_dir)
@@ -338,8 +342,9 @@ def table(summary):
     return "\n".join(lines)
 
 
-def write_summary(run_dir, plan, results, marks):
-    """Write summary.json and merged.log under run_dir; returns (summary, table, path)."""
+def write_summary(run_dir, plan, results, marks, not_asked=()):
+    """Write summary.json and merged.log under run_dir; returns (summary, table, path).
+    ``not_asked``: the nodes a limit kept out of reach, whose earlier entries stand."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "summary.json")
     # status, stop, collect and a following `logs` may write at once: merge under a lock.
@@ -350,7 +355,7 @@ def write_summary(run_dir, plan, results, marks):
                 previous = json.load(handle).get("hosts") or {}
         except (OSError, ValueError):
             previous = {}
-        summary = summarize(run_dir, plan, results, marks, previous)
+        summary = summarize(run_dir, plan, results, marks, previous, not_asked)
         merged = os.path.join(run_dir, "merged.log")
         summary["merged_log"] = merged if merge_logs(run_dir, plan, merged) else None
         write_atomic(path, json.dumps(summary, indent=2, sort_keys=True))

@@ -25,19 +25,28 @@ class Hosts(NamedTuple):
     standbys: list
 
 
+def node_root(hv):
+    """The node's root: its C(torchherd_root), else the default."""
+    return str(hv.get("torchherd_root") or DEFAULT_ROOT)
+
+
+def code_dest(job, hv):
+    """Where the node or the job puts the code (empty: C(<root>/code/<name>))."""
+    return str(hv.get("torchherd_code_dest") or job["code_dest"] or "")
+
+
 def node_entry(job, hosts, lock_hash, image, host, rank):
     """The entry of ``host`` at node rank ``rank`` (None for a spare). ``job``: the checked
     job with its name; ``lock_hash`` and ``image``: the job's venv and container, or None."""
     hv = hosts.vars[host]
-    root = str(hv.get("torchherd_root") or DEFAULT_ROOT)
+    root = node_root(hv)
     python = node_python(job, hv, image)
     own = {}
     if lock_hash:
         own["venv"] = node_venv(lock_hash, root, python)
         python = f"{own['venv']['path']}/bin/python"
     return {"host": host, "address": hosts.addresses[host], "node_rank": rank, "root": root,
-            "code_dir": str(hv.get("torchherd_code_dest") or job["code_dest"]
-                            or f"{root}/code/{job['name']}"),
+            "code_dir": code_dest(job, hv) or f"{root}/code/{job['name']}",
             "python": python, **own,
             "nproc_per_node": hosts.nprocs[host],
             "interface": str(hv.get("torchherd_socket_ifname") or job["socket_ifname"] or ""),

@@ -15,23 +15,35 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.inventory 
     host_setting,
     nproc,
 )
-from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import standby_mode
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import (
+    job_spec,
+    standby_mode,
+)
 
 _NNODES = re.compile(r"^(\d+):(\d+)$")
 
 
 def candidate_hosts(job, groups, problems):
-    """The hosts the job may run on, inventory order (the job's C(nodes), else its group's)."""
+    """The hosts the job may run on, inventory order (the job's C(nodes), else its group's, else
+    an inline host list's)."""
     group = job["node_group"]
     members = list(groups.get(group) or [])
+    if not members and group not in groups and inline_hosts(job, groups):
+        # An inline host list (-i node1,node2,) has no groups: its hosts are the nodes.
+        group, members = "ungrouped", inline_hosts(job, groups)
     explicit = job["nodes"]
     names = explicit or members
     if not members:
+        default = group == default_group()
         problems.append(f"node group '{group}': expected at least one host, found the group "
-                        f"empty or missing from the inventory; fix: list the nodes under "
-                        f"[{group}] in the inventory or set torchherd_job.node_group (an "
-                        f"inventory that Ansible could not parse leaves every group empty: see "
-                        f"its warnings above, or set inventory_unparsed_failed = True)")
+                        f"empty or missing from the inventory"
+                        + (" and no inline host list (-i node1,node2,: hosts in no group)"
+                           if default else "")
+                        + f"; fix: list the nodes under [{group}] in the inventory, "
+                        f"{'give them as -i node1,node2, ' if default else ''}or set "
+                        f"torchherd_job.node_group (an inventory that Ansible could not parse "
+                        f"leaves every group empty: see its warnings above, or set "
+                        f"inventory_unparsed_failed = True)")
     seen = {}
     for name in names:
         seen[name] = seen.get(name, 0) + 1
@@ -48,13 +60,38 @@ def candidate_hosts(job, groups, problems):
     return list(dict.fromkeys(names))
 
 
-def rank_nodes(job, candidates, hvs, chosen, exclude, problems):
+def default_group():
+    """The node group of a job that names none (the argument spec's default)."""
+    return job_spec()["torchherd_job"]["options"]["node_group"]["default"]
+
+
+def inline_hosts(job, groups):
+    """The ungrouped hosts, where they are all the inventory has and the job names no group of
+    its own: an inline host list's (-i node1,node2,), which Ansible puts in no group but
+    C(ungrouped). An inventory with groups of its own keeps the node group's error: there an
+    ungrouped host is more likely a login node than one of the job's."""
+    if job["node_group"] != default_group() or set(groups) - {"all", "ungrouped"}:
+        return []
+    return list(groups.get("ungrouped") or [])
+
+
+def outside_limit(hosts, limit_hosts):
+    """The ``hosts`` a limit leaves out (``limit_hosts``: those it matches; None: no limit)."""
+    if limit_hosts is None:
+        return []
+    matched = set(limit_hosts)
+    return [name for name in hosts if name not in matched]
+
+
+def rank_nodes(job, candidates, hvs, chosen, exclude, problems, outside=(), limit=""):
     """(the job's nodes in rank order, the spares behind them).
 
     The nodes are the first C(node_count) of the candidates, those not marked
     C(torchherd_spare) first (inventory order each); the rest wait as spares. Without
     C(node_count) the job takes every node not marked a spare. An excluded node's place goes
-    to the first spare left (its node rank), or stays empty."""
+    to the first spare left (its node rank), or stays empty. A node ``outside`` the limit
+    (``limit``, ansible-playbook's) is excluded too, but its place must be taken: a limit does
+    not shrink the job. A spare outside it is no spare."""
     if chosen is not None:
         return list(chosen), []
     spare = {}
@@ -69,9 +106,25 @@ def rank_nodes(job, candidates, hvs, chosen, exclude, problems):
     if not 0 <= job["min_node_count"] <= wanted:
         problems.append(f"job.min_node_count: expected 0..{wanted} (node_count; 0 means "
                         f"node_count), found {job['min_node_count']!r}; fix: lower it")
-    nodes, spares = order[:wanted], [n for n in order[wanted:] if n not in exclude]
-    nodes = [n if n not in exclude else (spares.pop(0) if spares else None) for n in nodes]
-    nodes = [n for n in nodes if n]
+    left = {*exclude, *outside}
+    spares = [n for n in order[wanted:] if n not in left]
+    nodes, unfilled = [], []
+    for name in order[:wanted]:
+        if name not in left:
+            nodes.append(name)
+        elif spares:
+            nodes.append(spares.pop(0))
+        elif name in outside:
+            unfilled.append(name)
+    if unfilled:
+        within = len(candidates) - len(outside)
+        many = len(unfilled) > 1
+        problems.append(f"host{'s' * many} {', '.join(unfilled)}: expected within the limit "
+                        f"{limit} (the job's {wanted} nodes), found {'them' if many else 'it'} "
+                        f"outside, and no spare within the limit to take "
+                        f"{'their places' if many else 'its place'}; fix: widen the limit to "
+                        f"take in {', '.join(unfilled)}, set job.node_count to {within} (the "
+                        f"hosts within the limit), or mark a host within it torchherd_spare")
     fewest = min(wanted, job["min_node_count"] or wanted)
     if exclude and len(nodes) < fewest:
         problems.append(f"nodes: expected at least {fewest} (min_node_count, else node_count) "
