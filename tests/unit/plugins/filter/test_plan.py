@@ -157,7 +157,8 @@ def test_not_a_dict():
 
 def test_the_plan_keeps_secret_names_and_never_their_values():
     job = {"script": "train.py", "env": {"A": "1"}, "secret_env": {"TOKEN": "hunter2"}}
-    p = plan(job, GROUPS, HOSTVARS)
+    # The job as extra vars: every node sees it.
+    p = plan(job, GROUPS, {h: {**hv, "torchherd_job": job} for h, hv in HOSTVARS.items()})
     # The plan is a fact (shown at -v, recorded by result callbacks) and plan.json as it is.
     assert p["job"]["secret_env"] == {"TOKEN": "********"}
     assert "hunter2" not in repr(p)
@@ -437,3 +438,21 @@ def test_without_the_node_group_or_an_inline_host_list_both_are_named(groups):
 def test_a_node_group_the_job_names_is_not_replaced_by_ungrouped_hosts():
     msg = fails("node group 'gpu'", groups=INLINE, node_group="gpu")
     assert "inline" not in msg
+
+
+def test_a_secret_that_a_node_does_not_see_is_refused_by_name():
+    """Each node's start takes a secret's value from the job as that node sees it: a job given
+    for localhost alone names the secret in the plan and starts without it. Names only."""
+    job = {"script": "train.py", "secret_env": {"TOKEN": "hunter2"}}
+    seen = {"torchherd_job": job}
+    hostvars = {"n1": {**seen}, "n2": {"torchherd_job": {"script": "train.py"}}}
+    with pytest.raises(AnsibleFilterError) as err:
+        plan(job, {"torchherd_nodes": ["n1", "n2"]}, hostvars)
+    message = str(err.value)
+    assert "hosts n2: job.secret_env: expected TOKEN in the job each node sees" in message
+    assert "n1" not in message.split("hosts ")[1].split(":")[0]
+    assert "hunter2" not in message
+    # Every node sees it (extra vars, group_vars of the nodes): planned.
+    both = {"n1": {**seen}, "n2": {**seen}}
+    assert plan(job, {"torchherd_nodes": ["n1", "n2"]}, both)["job"]["secret_env"] == {
+        "TOKEN": "********"}

@@ -291,6 +291,7 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import
     master_port_problems,
     normalize,
     script_path,
+    secret_problems,
     standby_problems,
 )
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.local_code import (
@@ -340,6 +341,7 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     problems += standby_problems(merged)
     nnodes = node_range(merged, nodes, working, problems)
     problems += spawn_problems(merged, nodes + spares, hvs)
+    problems += secret_problems(merged, nodes + spares, hostvars)
     if playbook == "launch":  # the one that syncs the code
         problems += nested_code_problems(merged, nodes + spares, hvs)
     problems += launcher_problems(merged, {h: nprocs[h] for h in nodes})

@@ -131,6 +131,28 @@ def bound_problems(job):
     return problems
 
 
+def secret_problems(job, hosts, hostvars):
+    """The nodes whose own job (their torchherd_job, as each sees it) lacks a secret the plan
+    names: each node's start takes the values from there, so a job given for localhost alone
+    would start without them. Names only, never values; without secrets no node's variables
+    are read (each read costs the controller a templating of the node's variables)."""
+    wanted = list(job["secret_env"])
+    if not wanted:
+        return []
+    missing = []
+    for host in hosts:
+        seen = (hostvars[host].get("torchherd_job") if host in hostvars else None) or {}
+        names = seen.get("secret_env") if isinstance(seen, Mapping) else None
+        if not isinstance(names, Mapping) or not set(wanted) <= set(names):
+            missing.append(host)
+    if not missing:
+        return []
+    return [f"hosts {', '.join(missing)}: job.secret_env: expected {', '.join(wanted)} in the job "
+            "each node sees (torchherd_job: the start takes the values from there), found them "
+            "missing; fix: give the job as extra vars (-e @job.yml) or in group_vars of the "
+            "nodes, not for localhost alone"]
+
+
 def id_problems(run_id, name):
     """The run id and the job's name as they name directories."""
     return [f"job.{key}: expected letters, digits, '.', '_' or '-' (it names directories), "
