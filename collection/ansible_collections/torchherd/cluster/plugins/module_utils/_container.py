@@ -153,9 +153,10 @@ def _ensure_sif(found, spec, dry):
 def ensure(spec, dry=False):
     """The job's image on this node: {runtime, path, image, id, pulled, seconds, error, start},
     pulled first where the policy (spec pull) says so; error (not an exception) says why the job
-    cannot run in it here; start is check_start's answer, where the caller asks for it. `dry` (check mode) pulls nothing. For apptainer (SIF_RUNTIMES) the id is the
-    SIF file, pulled under spec's cache_dir where the image is a URI, and `stamp` (its size and
-    time) stands for its content."""
+    cannot run in it here; start is check_start's answer, where the caller asks for it. `dry`
+    (check mode) pulls nothing. For apptainer (SIF_RUNTIMES) the id is the SIF file, pulled
+    under spec's cache_dir where the image is a URI, and `stamp` (its size and time) stands for
+    its content."""
     start = time.monotonic()
     wanted = spec.get("runtime") or "auto"
     name, path = find_runtime(wanted)
