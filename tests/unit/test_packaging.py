@@ -1,12 +1,14 @@
 """What Ansible's tools and a package index read: the collection's requirements.txt, bindep.txt
 and meta/execution-environment.yml (checked with ansible-builder, bindep and ansible-galaxy
-themselves), and the wheel's metadata (twine check). No network."""
+themselves), the wheel's metadata (twine check) and its collection (ansible-galaxy verify).
+No network."""
 
 from __future__ import annotations
 
 import ast
 import email
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -341,6 +343,29 @@ def test_the_wheel_carries_the_collections_requirements(wheel):
             assert zf.read(inside + name) == (COLLECTION / name).read_bytes(), name
 
 
+def test_the_wheels_collection_is_what_ansible_galaxy_installs(wheel, tmp_path):
+    """setup.py installs the collection's tarball into the wheel: MANIFEST.json and FILES.json
+    of the driver's version name exactly the wheel's files of the collection, and
+    `ansible-galaxy collection verify --offline` passes on the wheel's copy, unpacked as
+    `pip install --no-compile` unpacks it (ansible-core's verify reports the __pycache__
+    directories that byte-compiling adds to any collection: docs/ansible.md)."""
+    inside = "ansible_collections/torchherd/cluster/"
+    with zipfile.ZipFile(wheel) as zf:
+        ours = sorted(n[len(inside):] for n in zf.namelist() if n.startswith(inside))
+        manifest = json.loads(zf.read(inside + "MANIFEST.json"))
+        listed = json.loads(zf.read(inside + "FILES.json"))["files"]
+        zf.extractall(tmp_path / "site", [inside + name for name in ours])
+    assert manifest["collection_info"]["version"] == (REPO / "VERSION").read_text().strip()
+    assert sorted(f["name"] for f in listed if f["ftype"] == "file") == sorted(
+        set(ours) - {"MANIFEST.json", "FILES.json"})
+    for name in ("meta/runtime.yml", "playbooks/launch.yml", "requirements.txt", "CHANGELOG.md"):
+        assert name in ours, name
+    done = _run([BIN / "ansible-galaxy", "collection", "verify", "--offline", "-p",
+                 tmp_path / "site", "torchherd.cluster"], tmp_path, _env(tmp_path))
+    assert f"found at '{tmp_path / 'site' / inside.rstrip('/')}'" in done.stdout, done.stdout
+    assert "internally consistent with its manifest" in done.stdout, done.stdout
+
+
 def test_the_long_descriptions_relative_links_name_repository_files(wheel):
     """On a package index the README's relative links resolve against no repository: they name
     files of the repository that the Repository and Documentation links lead to. Each one must
@@ -385,3 +410,17 @@ def test_set_version_writes_the_one_version_everywhere(tmp_path):
     assert "galaxy.yml: 9.8.7rc1, VERSION: 9.8.8" in checked.stderr
     _run([*script, "VERSION"], tmp_path, env)
     _run([*script, "--check"], tmp_path, env)
+
+
+def test_the_checkouts_playbooks_find_the_collection_from_any_directory(tmp_path):
+    """ansible-playbook <checkout>/playbooks/verify.yml from elsewhere, with no configuration of
+    the checkout's or the user's: the collection is beside the playbooks (playbooks/collections,
+    a link to collection/), where Ansible looks first for a playbook's collections."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**_env(tmp_path), "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "no-collections")}
+    done = _run([BIN / "ansible-playbook", "--syntax-check", "-i", "localhost,",
+                 REPO / "playbooks" / "verify.yml"], elsewhere, env)
+    assert "playbook: " in done.stdout
+    link = REPO / "playbooks" / "collections"
+    assert link.is_symlink() and link.resolve() == (REPO / "collection").resolve()
