@@ -253,6 +253,31 @@ def test_a_launcher_without_per_rank_files_names_the_rank_from_the_prefixes(tmp_
     assert "deepspeed_step.py\", line 56" in found["traceback"]
 
 
+def test_a_deepspeed_node_whose_rank_raised_before_the_gangs_stop_failed(tmp_path):
+    """DeepSpeed's launcher looks at its ranks once a second: another node's launcher, whose
+    ranks failed on the lost connections, can be heard first, and the gang stops this node
+    before its launcher saw its own rank's exception. Its rank's traceback stands in the node
+    log before the supervisor's "stopping" line: a failure, not a stop."""
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause import (
+        failed_before_stop,
+    )
+
+    log = DEEPSPEED_NODE_LOG.split("[2026-11-24 03:31:33")[0]
+    (tmp_path / "stopped").write_text("101.0\n")
+    (tmp_path / "node.log").write_text(
+        log + "torchherd: stopping: n2 ended with exit code 1\n"
+        "[2026-11-24 03:31:33,606] [INFO] [launch.py:262:sigkill_handler] Main process received "
+        "SIGTERM, exiting\n")
+    assert failed_before_stop(str(tmp_path))
+    # The same exception after the stop's line (the stop made it), or only a peer's lost
+    # connection before it: stopped.
+    (tmp_path / "node.log").write_text("torchherd: stopping: n2 ended with exit code 1\n" + log)
+    assert not failed_before_stop(str(tmp_path))
+    peer_only = "\n".join(line for line in log.splitlines() if "rank3" not in line)
+    (tmp_path / "node.log").write_text(peer_only + "\ntorchherd: stopping: n2 ended\n")
+    assert not failed_before_stop(str(tmp_path))
+
+
 def declare_hang(tmp_path, declared_at, where="rank 3 on n1 in stall (t.py:9)"):
     (tmp_path / "watch").mkdir()
     (tmp_path / "watch" / "hung.json").write_text(

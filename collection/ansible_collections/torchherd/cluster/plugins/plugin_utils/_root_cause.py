@@ -261,6 +261,10 @@ _LAUNCHER_EXIT = re.compile(r"'--local_rank=(\d+)'\] exits with return code = (-
 _REPORTED = re.compile(r"^\s*traceback\s*:\s*(\S[^\n]*)$", re.MULTILINE)
 
 
+# The line the supervisor writes into the node log when the gang stops its job (supervise.py).
+_GANG_STOP = "torchherd: stopping: "
+
+
 def _called_off(node_dir, node_log):
     """Why a start in the background (its barrier in the supervisor) did not start here."""
     barrier = (read_json(os.path.join(node_dir, RECORD)) or {}).get("barrier")
@@ -283,7 +287,14 @@ def failed_before_stop(node_dir):
         if (failure["exception"] and not SECONDARY.search(failure["exception"])
                 and failure["at"] <= stopped_at):
             return True
-    return False
+    # A launcher that keeps no error file per rank (DeepSpeed's): a rank's own traceback in the
+    # node log before the line the gang's stop wrote there (the supervisor's "stopping: ...").
+    node_log = read_tail(os.path.join(node_dir, "node.log"))
+    before, marker, _after = node_log.partition(f"\n{_GANG_STOP}")
+    if not marker:
+        return False
+    exception = _failure_from_prefixes(before + "\n").get("exception")
+    return bool(exception) and not SECONDARY.search(exception)
 
 
 _KILLED = re.compile(r"killed by SIG|Signal \d+ \(SIG\w+\) received")
