@@ -281,8 +281,23 @@ def test_each_nodes_part_as_a_truth_table(job, spawn, firewall, euid, warm_start
     assert part["firewall"] == who, part["why"]
     assert part["warm"] == (warm_started and spawn == "ssh"), part["why"]
     assert part["wait_closes"] == bool(opened), part["why"]
-    assert set(part["why"]) == {"firewall", "warm", "wait_closes"}
+    # The launcher starts ahead on the job's nodes spawned over ssh (torchrun here: it can).
+    assert part["start_ahead"] == (spawn == "ssh" and s["start"]["warm"]), part["why"]
+    assert set(part["why"]) == {"start_ahead", "firewall", "warm", "wait_closes"}
     assert all(isinstance(why, str) and why for why in part["why"].values())
+
+
+def test_a_spares_launcher_never_starts_ahead():
+    p = plan({"script": "train.py", "node_count": 3}, GROUPS,
+             {h: dict(hv, torchherd_torchrun_warm="true") for h, hv in HOSTVARS.items()},
+             run_id="r1")
+    s = schedule(p, 4)
+    assert s["start"]["warm"]
+    assert [node_schedule(s, n)["start_ahead"] for n in p["nodes"]] == [True] * 3
+    spare = node_schedule(s, p["spares"][0])
+    assert not spare["start_ahead"] and "spare" in spare["why"]["start_ahead"]
+    off = schedule(p, 4, playbook="verify")
+    assert not node_schedule(off, p["nodes"][0])["start_ahead"]
 
 
 def test_a_nodes_part_wants_the_schedule():

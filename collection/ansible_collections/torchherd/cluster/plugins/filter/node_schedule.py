@@ -18,9 +18,10 @@ author: torchherd developers
 version_added: 0.3.0
 short_description: Decide a node's part of the launch from the schedule and the node's facts
 description:
-  - The decisions of how a launch runs that depend on what preflight learnt of one node (whether
-    its job runs as root, whether its launcher was started ahead) or on what its start did
-    (the rules it opened). Each is a function of the schedule (C(torchherd.cluster.schedule))
+  - The decisions of how a launch runs that depend on one node (whether its launcher starts
+    ahead, never a spare's), on what preflight learnt of it (whether its job runs as root,
+    whether its launcher was started ahead) or on what its start did (the rules it opened).
+    Each is a function of the schedule (C(torchherd.cluster.schedule))
     and that node's values, in the same table as the schedule's own decisions
     (C(plugin_utils/_schedule/decisions.py), C(NODE_DECISIONS)); the plays pass the node's
     values in and read the answer.

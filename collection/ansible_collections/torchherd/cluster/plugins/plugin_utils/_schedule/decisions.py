@@ -402,6 +402,20 @@ def node_firewall(s, n):
                     f"{n.facts.get('euid', 'unknown')}): the firewall role opens the rules")
 
 
+def node_start_ahead(s, n):
+    """Preflight's facts call starts the node's launcher ahead where the schedule's start.warm
+    holds, the node is one of the job's (a spare's turn is known only after preflight) and its
+    launcher is spawned over ssh (under srun, a step of the node's SLURM job starts it)."""
+    if not s["start"]["warm"]:
+        return False, "the schedule starts no launcher ahead"
+    if n.entry.get("node_rank") is None:
+        return False, "a spare: whether it takes part is known only after preflight"
+    spawn = s["spawn"].get(n.entry.get("host"), "ssh")
+    if spawn != "ssh":
+        return False, f"spawn {spawn}: the launcher starts as a step of the node's job"
+    return True, "one of the job's nodes, spawned over ssh: its launcher starts in the facts call"
+
+
 def node_warm(s, n):
     """The start hands the job to the launcher preflight started ahead on the node where one
     started there (its facts say so) and the node's launcher is spawned over ssh; under srun, a
@@ -426,6 +440,7 @@ def node_wait_closes(s, n):
 
 # (the node schedule's entry, the decision). In the order they are made.
 NODE_DECISIONS = (
+    ("start_ahead", node_start_ahead),
     ("firewall", node_firewall),
     ("warm", node_warm),
     ("wait_closes", node_wait_closes),
