@@ -60,6 +60,25 @@ def test_a_vaulted_job_file_with_a_password_file(tmp_path):
     assert done.returncode == 0, (result.get("reason"), done.stderr[-2000:])
     assert {h["state"] for h in result["hosts"].values()} == {"succeeded"}
 
+    # The same file with the password asked on a terminal (-J).
+    asked = _asked(["verify", "-i", str(LOCAL_INI), "-j", str(job), "-J", "--json"], tmp_path)
+    assert asked["exit_name"] == "ok" and len(asked["hosts"]) == 2
+
+
+def _asked(argv: list[str], cwd: Path) -> dict:
+    """The driver run on a terminal that types the vault's password when asked (-J); its JSON
+    result. The password shows nowhere in what the terminal got."""
+    child = pexpect.spawn(sys.executable, ["-m", "driver", *argv], cwd=str(cwd), env=_env(),
+                          encoding="utf-8", timeout=300)
+    child.expect("Vault password: ")
+    child.sendline(PASSWORD)
+    child.expect(pexpect.EOF)
+    child.close()
+    output = child.before
+    assert child.exitstatus == 0, output[-3000:]
+    assert PASSWORD not in output
+    return json.loads(output[output.index("{"):output.rindex("}") + 1])
+
 
 def test_a_vaulted_inventory_with_the_password_asked_on_a_terminal(tmp_path):
     """The inventory's job in a vaulted group_vars file: -J asks once, and both the driver's own
@@ -78,19 +97,16 @@ def test_a_vaulted_inventory_with_the_password_asked_on_a_terminal(tmp_path):
     _vault(group_vars, password_file)
     password_file.unlink()
 
-    child = pexpect.spawn(sys.executable, ["-m", "driver", "launch", "-i",
-                                           str(inventory / "hosts.ini"), "-J", "--runs-dir",
-                                           str(tmp_path / "runs"), "--json"],
-                          cwd=str(tmp_path), env=_env(), encoding="utf-8", timeout=300)
-    child.expect("Vault password: ")
-    child.sendline(PASSWORD)
-    child.expect(pexpect.EOF)
-    child.close()
-    output = child.before
-    assert child.exitstatus == 0, output[-3000:]
-    assert PASSWORD not in output
-    result = json.loads(output[output.index("{"):output.rindex("}") + 1])
+    result = _asked(["launch", "-i", str(inventory / "hosts.ini"), "-J", "--runs-dir",
+                     str(tmp_path / "runs"), "--json"], tmp_path)
     assert result["exit_name"] == "ok" and len(result["hosts"]) == 2
+
+    # The same inventory with a password file.
+    password_file.write_text(PASSWORD + "\n")
+    done = _driver("verify", "-i", inventory / "hosts.ini", "--vault-password-file",
+                   password_file, "--runs-dir", tmp_path / "runs", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout)["exit_name"] == "ok"
 
 
 @pytest.mark.cluster
