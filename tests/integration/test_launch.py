@@ -36,6 +36,11 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
         <= timings["first_output"] < timings["wall"], timings
 
     run_dir = tmp_path / result.run_id
+    # Each phase's end, as the launch recorded it in the run directory (run_record's mark).
+    marks = json.loads((run_dir / "marks.json").read_text())
+    assert list(marks) == ["collect", "plan", "preflight", "watch"], marks
+    assert marks["plan"] < marks["preflight"] < marks["watch"] <= marks["collect"], marks
+    assert {"plan", "preflight", "watch", "collect"} <= set(timings), timings
     seen_ranks = {}
     for node_rank, node in enumerate(cluster3.nodes):
         host = result.hosts[node.name]

@@ -1,0 +1,53 @@
+"""run_record's mark: each phase's end goes into the run directory's marks.json, the marks
+there before kept; run_summary takes the timings from there, so that a later status, stop or
+collect (which record no marks) keeps the launch's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unittest import mock
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.torchherd.cluster.plugins.action.run_record import (
+    ActionModule as RunRecord,
+)
+from ansible_collections.torchherd.cluster.plugins.action.run_summary import (
+    ActionModule as RunSummary,
+)
+
+
+def _run(action, args):
+    task = mock.MagicMock(check_mode=False)
+    task.args = args
+    plugin = action(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
+                    mock.MagicMock(), mock.MagicMock())
+    with mock.patch.object(ActionBase, "run", return_value={}):
+        return plugin.run(task_vars={})
+
+
+def test_each_mark_is_added_to_the_runs_marks(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r1"
+    first = _run(RunRecord, {"run_dir": str(run_dir), "mark": "plan",
+                             "files": {"plan.json": "{}"}})
+    second = _run(RunRecord, {"run_dir": str(run_dir), "mark": "preflight"})
+    marks = json.loads((run_dir / "marks.json").read_text())
+    assert marks == {"plan": first["written_at"], "preflight": second["written_at"]}
+    assert second["files"] == [str(run_dir / "marks.json")]
+    # No mark, no change to them.
+    _run(RunRecord, {"run_dir": str(run_dir), "files": {"schedule.json": "{}"}})
+    assert json.loads((run_dir / "marks.json").read_text()) == marks
+
+
+def test_the_summary_takes_the_recorded_marks_and_the_tasks_over_them(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    (run_dir / "marks.json").write_text(json.dumps({"plan": 101.0, "preflight": 103.0}))
+    plan = {"run_id": "r1", "started_at": 100.0, "job": {"name": "j"}, "nodes": [],
+            "master": {"host": "n0"}}
+    with mock.patch("ansible_collections.torchherd.cluster.plugins.action.run_summary"
+                    ".write_summary", return_value=({}, "", "")) as write:
+        _run(RunSummary, {"run_dir": str(run_dir), "plan": plan, "results": {},
+                          "marks": {"preflight": 104.0}})
+    assert write.call_args.args[3] == {"plan": 101.0, "preflight": 104.0}
