@@ -352,6 +352,27 @@ def test_answered_separates_the_nodes_with_facts_from_those_that_gave_none():
     assert "ssh-keyscan 10.0.0.2" in problems[0]["fix"]
 
 
+def test_an_unknown_host_key_is_named_also_where_ssh_ended_before_the_module_was_sent():
+    """Ansible's "Data could not be sent" hides ssh's reason; preflight's second ask (a command
+    with nothing to send) has it, and the gate names the host key from it."""
+    lost = {"unreachable": True, "msg": "Data could not be sent to remote host '10.0.0.2'. "
+            "Make sure this host can be reached over SSH: [Errno 32] Broken pipe"}
+    hostvars = {
+        "a": {"ansible_host": "10.0.0.2", "torchherd_facts": lost, "torchherd_reach": {
+            "unreachable": True, "msg": "Failed to connect to the host via ssh: "
+                                        "Host key verification failed."}},
+        # Asked again and it answered: the first failure stands as it was.
+        "b": {"torchherd_facts": lost, "torchherd_reach": {"rc": 0, "changed": False}},
+        "c": {"torchherd_facts": lost, "torchherd_reach": {"skipped": True}}}
+    _facts, problems = answered(["a", "b", "c"], hostvars)
+    assert [(p["host"], p["check"]) for p in problems] == [
+        ("a", "ssh host key"), ("b", "ssh"), ("c", "ssh")]
+    assert problems[0]["found"] == ("an unknown or changed host key "
+                                    "(ssh: Host key verification failed.)")
+    assert "ssh-keyscan 10.0.0.2" in problems[0]["fix"]
+    assert "Broken pipe" in problems[1]["found"]
+
+
 # node_facts' results where the node's Python for Ansible is missing or broken, as Ansible
 # 2.19 registered them (a local node with ansible_python_interpreter set).
 INTERPRETER_MISSING = {
