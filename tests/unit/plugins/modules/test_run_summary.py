@@ -1,9 +1,11 @@
 """summary.json logic: root cause, elastic success, per-host merge, failure parsing."""
 
+import json
 import os
 
 import pytest
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import RECORD
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause import (
     failure_kind,
     failure_of,
@@ -190,6 +192,12 @@ def test_without_torchruns_report_the_rank_comes_from_the_prefix(tmp_path):
     assert found["exception"] == "ValueError: injected"
 
 
+def stopped_at(node_dir, at):
+    """A collected node directory whose run record says when a stop began (the `stopped`
+    marker repeats it; the root cause reads the record)."""
+    (node_dir / RECORD).write_text(json.dumps({"job": {"stopped_at": at}}))
+
+
 def test_a_node_whose_rank_raised_before_the_stop_reached_it_failed(tmp_path):
     # n1's rank 3 raised; n0's rank failed on the lost connection and was heard first, so the
     # gang stopped n1 after its rank had raised.
@@ -197,9 +205,9 @@ def test_a_node_whose_rank_raised_before_the_stop_reached_it_failed(tmp_path):
     write_stderr(tmp_path, "n1", 1, tb(3, "ValueError: injected failure on rank 3"))
     rank3 = tmp_path / "nodes" / "n1" / "torchrun" / "x" / "attempt_0" / "1" / "stderr.log"
     os.utime(rank3, (100.0, 100.0))
-    (tmp_path / "nodes" / "n1" / "stopped").write_text("101.0\n")
+    stopped_at(tmp_path / "nodes" / "n1", 101.0)
     (tmp_path / "nodes" / "n2").mkdir(parents=True)
-    (tmp_path / "nodes" / "n2" / "stopped").write_text("101.0\n")
+    stopped_at(tmp_path / "nodes" / "n2", 101.0)
     results = {"n0": {"job_state": "failed", "exit_code": 1, "ended_at": 10.0},
                "n1": {"job_state": "stopped", "exit_code": -9, "ended_at": 11.0},
                "n2": {"job_state": "stopped", "exit_code": -15, "ended_at": 12.0}}
@@ -207,7 +215,7 @@ def test_a_node_whose_rank_raised_before_the_stop_reached_it_failed(tmp_path):
     assert s["hosts"]["n1"]["state"] == "failed" and s["hosts"]["n2"]["state"] == "stopped"
     assert s["reason"].startswith("node n1 (node_rank 1) rank 3: ValueError: injected")
     # A rank that raised only after the stop (its own handler) leaves the node stopped.
-    (tmp_path / "nodes" / "n1" / "stopped").write_text("99.0\n")
+    stopped_at(tmp_path / "nodes" / "n1", 99.0)
     s = summarize(str(tmp_path), plan(), results, {})
     assert s["hosts"]["n1"]["state"] == "stopped"
 
@@ -263,7 +271,7 @@ def test_a_deepspeed_node_whose_rank_raised_before_the_gangs_stop_failed(tmp_pat
     )
 
     log = DEEPSPEED_NODE_LOG.split("[2026-11-24 03:31:33")[0]
-    (tmp_path / "stopped").write_text("101.0\n")
+    stopped_at(tmp_path, 101.0)
     (tmp_path / "node.log").write_text(
         log + "torchherd: stopping: n2 ended with exit code 1\n"
         "[2026-11-24 03:31:33,606] [INFO] [launch.py:262:sigkill_handler] Main process received "

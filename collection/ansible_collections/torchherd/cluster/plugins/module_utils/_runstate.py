@@ -161,9 +161,9 @@ def _replace(path, text, owner):
 
 
 # The job's facts that a file of the run directory repeats, derived from the record here and
-# nowhere else (note_job). They stay for the readers that take the file: the gang's worker
-# watch and the summary's root cause read `stopped` (its time), and the files are what a run
-# directory written by an earlier version holds (_rundir's legacy_job reads those).
+# nowhere else (note_job). Every reader of this version reads the record; the files are what a
+# run directory written by an earlier version holds (_rundir's legacy_job reads those), and
+# what a user's own script may look at (`cat runs/ID/exit_code`).
 MARKERS = {"launcher": "pid", "supervisor": "supervisor", "exit_code": "exit_code",
            "stopped_at": "stopped", "timed_out_at": "timed_out",
            "standby_unneeded_at": "standby"}
@@ -184,10 +184,8 @@ def marker_text(field, value):
 
 def note_job(paths, **fields):
     """One transition of the job section, and the marker files that repeat its facts: the
-    markers first, then the record. A reader that finds a fact in the record (the job's end,
-    its stop) and then looks at the marker that repeats it (the summary's root cause and the
-    gang's worker watch read `stopped`; collect copies both) finds the marker in place; the
-    other way round it could find the record ended and the marker missing. A marker ahead of
+    markers first, then the record: a user's script that finds a fact in the record (the job's
+    end, its stop) and then looks at the marker that repeats it finds the marker in place. A marker ahead of
     the record says nothing the record will not say a moment later: read_state reads the
     record alone, and legacy_job takes the markers only where the record has no supervisor,
     where they repeat the same values."""

@@ -12,6 +12,7 @@ import subprocess
 from ansible_collections.torchherd.cluster.plugins.module_utils._proc import read_stat
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     LAUNCHER_GRACE,
+    stop_asked,
     terminate,
 )
 
@@ -47,7 +48,7 @@ def watch_workers(proc, paths, grace, gang, name, running, say):
             poller.unregister(fd)
             code = _zombie_code(pid)
             os.close(fd)
-            if code and proc.poll() is None and not os.path.exists(paths["stopped"]):
+            if code and proc.poll() is None and not stop_asked(paths):
                 running["worker_code"] = code
                 say(f"a worker (pid {pid}) ended with exit code {code}: the other nodes are "
                     f"told to stop")

@@ -278,9 +278,8 @@ def _called_off(node_dir, node_log):
 def failed_before_stop(node_dir):
     """Whether a rank of a stopped node died of an error of its own (not a peer's lost
     connection, not the stop's signal) before the stop (the node's clock for both)."""
-    try:
-        stopped_at = float(read_tail(os.path.join(node_dir, "stopped")).strip())
-    except ValueError:
+    stopped_at = ((read_json(os.path.join(node_dir, RECORD)) or {}).get("job") or {}).get("stopped_at")
+    if not isinstance(stopped_at, (int, float)):
         return False
     for rank_dir in last_attempt(node_dir).values():
         failure = rank_failure(rank_dir)
