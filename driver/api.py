@@ -23,7 +23,8 @@ UsageError (JobSpecError for the job's keys) before any node is touched; a RunRe
 happened on the nodes.
 
 This module gathers the calls from the modules of their concerns: driver.launcher (launch,
-verify), driver.actions (a past run by its id; runs), driver.pruner (prune), driver.handle
+verify), driver.actions (a past run by its id; runs), driver.pruner (prune), driver.ps (ps:
+who uses the nodes), driver.handle
 (RunHandle), driver.inputs (the checks of what a call takes).
 """
 
@@ -35,11 +36,13 @@ from driver.inputs import prepare_job as _prepare  # noqa: F401 (integration tes
 from driver.launcher import launch, launch_async, verify, verify_async
 from driver.logs import LogLine
 from driver.pruner import prune
+from driver.ps import NodeUse, PsReport, ps
 from driver.result import Exit, HostResult, RunInfo, RunResult, UsageError
 from driver.spec import JobSpecError
 
 __all__ = [
-    "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "OnInterrupt", "RunHandle",
-    "RunInfo", "RunResult", "UsageError", "act_async", "collect", "launch", "launch_async",
-    "logs", "prune", "runs", "stacks", "status", "stop", "verify", "verify_async",
+    "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "NodeUse", "OnInterrupt",
+    "PsReport", "RunHandle", "RunInfo", "RunResult", "UsageError", "act_async", "collect",
+    "launch", "launch_async", "logs", "prune", "ps", "runs", "stacks", "status", "stop", "verify",
+    "verify_async",
 ]

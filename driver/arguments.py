@@ -21,7 +21,7 @@ from driver.spec import (
     JobSpecError,
     coerce,
     job_options,
-    nproc_problem,
+    raw_problems,
     read_job_file,
     sub_keys,
     validate,
@@ -264,6 +264,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds between fetches with --follow (default: %(default)s)")
     logs.add_argument("--no-fetch", dest="fetch", action="store_false",
                       help="print what was fetched before; touch no node")
+    show = action("show", "one run as a single HTML page: every node's timeline, states, the "
+                          "root cause and last lines, GPU/CPU/memory use; from what the "
+                          "controller has (touches no node)",
+                  "RUN_ID --open", "RUN_ID -o ~/reports/run.html --json")
+    run_id = show.add_argument("run_id", help="the run id (see `torchherd runs`)")
+    run_id.completer = _complete_run_ids
+    show.add_argument("-o", "--output", metavar="FILE",
+                      help="where to write the page (default: report.html in the run's "
+                           "directory, beside summary.json)")
+    show.add_argument("--open", action="store_true",
+                      help="open the page in the browser (Python's webbrowser)")
+    _common(show, verbose=False)
     runs = action("runs", "list past runs: id, state, start, nodes, reason; with --prune, "
                           "remove old ones (a dry run without --yes)",
                   "", "--json --runs-dir ~/torchherd-runs",
@@ -289,6 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --prune: really remove (default: a dry run)")
     _common(runs)
     ansible_options.add_arguments(runs)
+    ps = action("ps", "who uses the nodes: the torchherd runs on each (any user's, any "
+                      "controller's) and the GPU processes that are none of theirs",
+                "-i inventories/cluster.ini", "-i inventories/cluster.ini -l gpu01 --json",
+                "-i inventories/cluster.ini -b")
+    ps.add_argument("-i", "--inventory", required=True,
+                    help="Ansible inventory: every host of it is asked (-l: those it matches)")
+    ps.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    ps.add_argument("-v", "--verbose", action="count", default=0,
+                    help="show Ansible's own output (-vv... more)")
+    ansible_options.add_arguments(ps)
     init = action("init", "write a job file, inventories and examples to start from",
                   "", "my-project --force")
     init.add_argument("dir", nargs="?", default=".",
@@ -337,10 +359,10 @@ def job_from(args: argparse.Namespace) -> dict[str, Any]:
     if pairs:
         validate(job, " ".join(pairs) + (f" over job file {args.job}" if args.job else ""))
     if args.job:
-        problem = nproc_problem(job.get("nproc_per_node", "auto"))
-        if problem:
-            raise JobSpecError(f"job file {args.job}: {problem}; fix: set it to the GPUs per "
-                               f"node, or auto")
+        problems = raw_problems(job)
+        if problems:
+            raise JobSpecError(f"job file {args.job}: {'; '.join(problems)}; fix: correct it "
+                               f"there (`torchherd launch --help` lists every key)")
     return job
 
 

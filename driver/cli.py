@@ -103,6 +103,25 @@ def _logs(args: argparse.Namespace, ui: Ui) -> int:
     return int(result.exit_code)
 
 
+def _show(args: argparse.Namespace, ui: Ui) -> int:
+    """The page's path on stdout (--json: in a document), and opened with --open."""
+    from driver import show  # its template engine: only this action needs it
+
+    path, run = show.write(args.run_id, runs_dir=args.runs_dir, output=args.output)
+    if args.json:
+        print_json({"action": "show", "run_id": run.run_id, "run_dir": str(run.run_dir),
+                    "state": run.state, "reason": run.reason, "page": str(path)})
+    else:
+        sys.stdout.write(f"{path}\n")
+        sys.stdout.flush()
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(path.as_uri()):
+            ui.say(f"torchherd: no browser found to open {path}; open it yourself", "yellow")
+    return Exit.OK
+
+
 def _runs(args: argparse.Namespace, ui: Ui) -> int:
     if args.prune:
         return _prune(args, ui)
@@ -135,6 +154,18 @@ def _prune(args: argparse.Namespace, ui: Ui) -> int:
     return ui.report_prune(report, args.json)
 
 
+def _ps(args: argparse.Namespace, ui: Ui) -> int:
+    """Who uses the nodes: the table (or --json's document) on stdout, as runs prints its list."""
+    try:
+        report = api.ps(args.inventory, verbosity=args.verbose,
+                        on_event=(lambda e: ui.say(e["stdout"]) if e.get("stdout") else None)
+                        if args.verbose else None)
+    except KeyboardInterrupt:
+        ui.say("torchherd: ps cancelled (nothing changes on the nodes)", "yellow")
+        return Exit.CANCELLED
+    return ui.report_ps(report, args.json)
+
+
 def _init(args: argparse.Namespace, ui: Ui) -> int:
     from driver import scaffold  # it reads the job spec: only this action needs it
 
@@ -148,8 +179,8 @@ def _init(args: argparse.Namespace, ui: Ui) -> int:
 
 _ACTIONS: dict[str, Callable[[argparse.Namespace, Ui], int]] = {
     "launch": _launch, "verify": _launch, "status": _act, "stop": _act, "collect": _act,
-    "stacks": _stacks,
-    "logs": _logs, "runs": _runs, "init": _init,
+    "stacks": _stacks, "show": _show,
+    "logs": _logs, "runs": _runs, "ps": _ps, "init": _init,
 }
 
 

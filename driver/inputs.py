@@ -15,7 +15,7 @@ import yaml
 
 from driver.ansible_options import vault_secrets
 from driver.result import DRIVER_FILE, UsageError, read_json
-from driver.spec import JobSpecError, nproc_problem, validate
+from driver.spec import JobSpecError, raw_problems, validate
 
 DEFAULT_RUNS_DIR = "runs"
 
@@ -32,9 +32,10 @@ def prepare_job(job: dict[str, Any], runs_dir: str | Path | None, source: str,
     if base:
         where = f"inventory {source}: torchherd_job of host {host}"
         validate(base, where)
-        problem = nproc_problem(base.get("nproc_per_node", "auto"))
-        if problem:
-            raise JobSpecError(f"{where}: {problem}; fix: correct it in the inventory")
+        problems = raw_problems(base)
+        if problems:
+            raise JobSpecError(f"{where}: {'; '.join(problems)}; fix: correct it in the "
+                               f"inventory")
     # The caller's env, secret_env and rdzv_conf add to the inventory's, as -e adds to a job
     # file's env.
     job = validate({**base, **job, **{k: {**base[k], **job[k]} for k in job.keys() & base.keys()
@@ -193,13 +194,19 @@ def runs_path(runs_dir: str | Path | None) -> Path:
     return Path(runs_dir or DEFAULT_RUNS_DIR).resolve()
 
 
-def existing_run(run_id: str, runs_dir: str | Path | None,
-                  inventory: str | Path | None) -> tuple[Path, str]:
-    """The run's directory and inventory (given, or the one its launch recorded)."""
+def run_directory(run_id: str, runs_dir: str | Path | None) -> Path:
+    """The directory of a past run on the controller; UsageError where it holds no plan."""
     run_dir = runs_path(runs_dir) / run_id
     if not (run_dir / "plan.json").is_file():
         raise UsageError(f"run {run_id}: expected {run_dir}/plan.json, found no such run; "
                          f"see `torchherd runs --runs-dir {run_dir.parent}`")
+    return run_dir
+
+
+def existing_run(run_id: str, runs_dir: str | Path | None,
+                  inventory: str | Path | None) -> tuple[Path, str]:
+    """The run's directory and inventory (given, or the one its launch recorded)."""
+    run_dir = run_directory(run_id, runs_dir)
     if inventory is None:
         inventory = (read_json(run_dir / DRIVER_FILE) or {}).get("inventory")
         if not inventory:

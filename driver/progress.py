@@ -8,8 +8,10 @@ runs and the role it belongs to (see PHASES). Only chosen fields of a result are
 nothing it shows can carry a secret value.
 
 While the job runs, its output reaches the controller only in the watch's rounds (each round
-of the wait returns the node's last log line, ``runner_retry``): the table shows the last line
-a rank printed there, not torch's or the launcher's own warnings and banners. Elapsed times are
+of the wait returns the node's last log line, ``runner_retry``; where the master's wait speaks
+for its gang, every node's last line as the gang heard it, ``nodes``, and for a live view the
+round returns as soon as one changed): the table shows the last line a rank printed there, not
+torch's or the launcher's own warnings and banners. Elapsed times are
 counted on the controller's clock from when the start reported the job running, so that a node
 whose clock is off shows the same time as the others.
 """
@@ -309,7 +311,10 @@ class Progress:
             line = res.get("last_line") or ""
             note = self._running_note(host, line) if state == "running" \
                 else self._note(host, line)
-            return _some(self._set(host, phase, state, note))
+            said = _some(self._set(host, phase, state, note))
+            # The wait's own node: its log's last line, read as it returned, is the newer.
+            self._gang_lines(res.get("nodes"), host if note is not None else None)
+            return said
         gate = (res.get("ansible_facts") or {}).get("torchherd_gate")
         if gate:
             return self._gate(gate, phase)
@@ -326,6 +331,21 @@ class Progress:
             note = (f"image pulled in {float(image.get('seconds') or 0):.1f} s"
                     if image.get("pulled") else "image found")
         return _some(self._set(host, phase, done, note))
+
+    def _gang_lines(self, nodes: Any, own: str | None) -> None:
+        """Every node's last line as the master's gang heard it (its wait's ``nodes``) as the
+        notes of the rows whose job still runs, but ``own``'s (the wait's node, whose own line
+        it has): the master's wait alone speaks for them. Notes only, no printed line: they
+        change every second."""
+        if not isinstance(nodes, dict):
+            return
+        for host, said in nodes.items():
+            row = self.rows.get(host)
+            if host == own or row is None or row.state != "running" or not isinstance(said, dict):
+                continue
+            note = self._running_note(host, str(said.get("last_line") or ""))
+            if note is not None:
+                row.note = note
 
     def _controller(self, kind: str, phase: str, res: dict[str, Any]) -> list[str]:
         plan = (res.get("ansible_facts") or {}).get("torchherd_plan")

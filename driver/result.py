@@ -68,6 +68,11 @@ class HostResult(TypedDict, total=False):
     traceback: str | None
     artifacts: list[str]  # files under runs/<run_id>/artifacts/<host>/
     sync: dict[str, int] | None  # files and bytes the launch's sync sent to this node
+    # The node's GPUs, CPU and memory while the job ran (the schedule's start.sample_every):
+    # stats (per GPU mean_util and peak_memory_mib, mean_cpu, peak_memory_mib), recent (the
+    # last samples as taken: [time, samples, cpu %, memory MiB, [[util %, memory MiB], ...]]),
+    # gpus, every; None where nothing was sampled.
+    use: dict[str, Any] | None
 
 
 class NodeFacts(TypedDict, total=False):
@@ -135,6 +140,13 @@ class RunResult:
     interconnect: dict[str, Any] | None = None
     hang: dict[str, Any] | None = None
     stacks: dict[str, Any] | None = None
+    # The nodes whose GPUs sat idle while the others' worked: host to its longest such spell
+    # in seconds (summary.json; the nodes' use is in each host's `use`).
+    idle_gpus: dict[str, float] = field(default_factory=dict)
+    # Where the launch had fewer Ansible forks than nodes: how many waves each task ran in, and
+    # the schedule's why (schedule.json); 1 where every node ran at once.
+    waves: int | None = None
+    waves_why: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -152,7 +164,7 @@ class RunResult:
             "problems": self.problems, "warnings": self.warnings, "left_out": self.left_out,
             "incidents": self.incidents,
             "interconnect": self.interconnect, "hang": self.hang,
-            "stacks": self.stacks,
+            "stacks": self.stacks, "idle_gpus": self.idle_gpus, "waves": self.waves,
         }
 
 
@@ -373,6 +385,7 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
         hosts[host] = cast(HostResult, {**entry, "artifacts": artifacts_of(run_dir, host)})
     gate = (preflight or {}).get("gate") or {}
     plan = read_json(run_dir / "plan.json") or {}
+    schedule = read_json(run_dir / "schedule.json") or {}
     if action == "verify":
         hosts = dict(node_facts(plan, preflight))
     # The gate resolved nproc_per_node 'auto' (a summary written by status, stop or collect
@@ -380,6 +393,9 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
     layout = {**plan, **(summary or {}),
               **{k: v for k, v in gate.items()
                  if k in ("world_size", "nproc_per_node") and isinstance(v, int)}}
+    # So did a master port of auto (a verify writes no summary).
+    if layout.get("master") and isinstance(gate.get("master_port"), int):
+        layout["master"] = {**layout["master"], "port": gate["master_port"]}
     return RunResult(run_id=run_dir.name, run_dir=run_dir, action=action, state=state,
                      exit_code=code, reason=reason, hosts=hosts,
                      timings=(summary or {}).get("timings") or {}, summary=summary or {},
@@ -396,6 +412,9 @@ def read_result(run_dir: Path, action: str, rc: int, message: str) -> RunResult:
                      interconnect=(summary or {}).get("interconnect")
                      or _interconnect_of(gate),
                      hang=(summary or {}).get("hang"),
+                     idle_gpus=dict((summary or {}).get("idle_gpus") or {}),
+                     waves=schedule.get("waves"),
+                     waves_why=(schedule.get("why") or {}).get("waves"),
                      stacks=newest_stacks(run_dir) if action == "stacks" else None)
 
 

@@ -107,12 +107,20 @@ RUN_SETTINGS = {
 # prompt can hang a run (an unknown host key fails, and the driver says how to fix it).
 SSH_EXTRA_ARGS = ("-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3",
                   "-o", "BatchMode=yes")
-# verify's probe, the interconnect check and the hang watch run a task on every node at once.
+# verify's probe, the interconnect check, the hang watch and ps run a task on every node at once.
 # ansible-core starts no more workers than a play has hosts, so this is "one fork per node",
 # whatever the count. A launch takes the forks of the caller's Ansible configuration instead
 # (forks; 5 where none is set): with fewer forks than nodes its start barrier runs in the
 # background and the nodes stop each other after a failure, so it needs no worker per node.
 FORKS = 1024
+# The forks of a run whose caller's Ansible configuration sets none (Ansible's default is 5):
+# one worker per node, as a launch wants (with 5, 32 nodes take seven waves of every task, each
+# a round trip on a real network), up to this bound. A worker is a forked ansible-playbook of
+# 30-60 MB of its own; 64 of them fit a small controller (2-4 GB), and ansible-core starts no
+# more workers than a play has hosts, so a small cluster pays for none it does not use. Where
+# the caller sets forks (ansible.cfg, ANSIBLE_FORKS), theirs hold, and a launch with fewer forks
+# than nodes says that it ran in waves.
+OWN_FORKS = 64
 # What a run needs that no environment variable sets (internal_poll_interval), given where the
 # caller has no Ansible configuration at all; a caller's ansible.cfg is theirs to set it in.
 OWN_CONFIG = Path(__file__).with_name("ansible.cfg")
@@ -121,15 +129,19 @@ OWN_CONFIG = Path(__file__).with_name("ansible.cfg")
 def run_settings(environ: Any) -> dict[str, str]:
     """The environment of a run: the settings above where the caller has none, and the way to
     the collection (driver.paths)."""
+    from ansible.config.manager import ConfigManager, find_ini_config_file
     env = {k: v for k, v in RUN_SETTINGS.items() if k not in environ}
+    # The caller's own Ansible configuration, read as ansible-playbook reads it from this
+    # directory.
+    config = ConfigManager()
     if "ANSIBLE_HOST_KEY_CHECKING" not in environ:
         # ansible-runner turns host key checking off unless this is set: set it to what the
-        # caller's own Ansible configuration says (on by default), read as ansible-playbook
-        # reads it from this directory.
-        from ansible.config.manager import ConfigManager
-        checking = ConfigManager().get_config_value("HOST_KEY_CHECKING")
+        # caller's configuration says (on by default).
+        checking = config.get_config_value("HOST_KEY_CHECKING")
         env["ANSIBLE_HOST_KEY_CHECKING"] = "True" if checking else "False"
-    from ansible.config.manager import find_ini_config_file
+    if "ANSIBLE_FORKS" not in environ and \
+            config.get_config_value_and_origin("DEFAULT_FORKS")[1] == "default":
+        env["ANSIBLE_FORKS"] = str(OWN_FORKS)
     if "ANSIBLE_CONFIG" not in environ and find_ini_config_file() is None:
         # No configuration of the caller's: the driver's own, for what has no variable.
         env["ANSIBLE_CONFIG"] = str(OWN_CONFIG)
@@ -148,12 +160,12 @@ def _cmdline(all_at_once: bool) -> list[str]:
 
 
 def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
-    """Whether playbook `name` runs a task on every node at once (see FORKS): the collection's
-    schedule decides it (its forks_needed, filter torchherd.cluster.schedule); this copy only
-    raises the forks beforehand, and tests/unit/plugins/filter/test_schedule.py keeps the two
-    equal."""
+    """Whether playbook `name` runs a task on every node at once (see FORKS): verify and ps
+    always; for a launch the collection's schedule decides it (its forks_needed, filter
+    torchherd.cluster.schedule); this copy only raises the forks beforehand, and
+    tests/unit/plugins/filter/test_schedule.py keeps the two equal."""
     job = extravars.get("torchherd_job") or {}
-    return name == "verify" or (name == "launch" and isinstance(job, dict) and (
+    return name in ("verify", "ps") or (name == "launch" and isinstance(job, dict) and (
         job.get("interconnect") == "always" or bool(job.get("hang_timeout"))))
 
 

@@ -66,7 +66,9 @@ def validate(job: dict[str, Any], source: str | None = None) -> dict[str, Any]:
     return result.validated_parameters["torchherd_job"]
 
 
-def _expected(opt: dict[str, Any]) -> str:
+def _expected(opt: dict[str, Any], key: str = "") -> str:
+    if key in _RAW:
+        return _RAW[key][2]
     if opt.get("choices"):
         return "one of " + ", ".join(map(str, opt["choices"]))
     kind = opt.get("type", "str")
@@ -129,14 +131,30 @@ def sub_keys(key: str) -> list[str]:
     return described
 
 
-def nproc_problem(value: Any) -> str | None:
-    """What is wrong with nproc_per_node, a raw option (a positive integer or auto) that the
-    spec's types cannot check: the plan's own words, said before anything runs."""
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+# The raw job keys, an integer or auto, which the spec's types cannot check: {key: (lowest,
+# highest or None, what is expected)}. The driver checks them in the plan's own words where it
+# reads a job (a job file, the inventory's job), before anything runs.
+_RAW = {"nproc_per_node": (1, None, "a positive integer or 'auto'"),
+        "master_port": (1, 65535, "an integer in 1..65535 or 'auto'")}
+
+
+def raw_problem(key: str, value: Any) -> str | None:
+    """What is wrong with the value of raw job key ``key`` (see _RAW), or None."""
+    low, high, expected = _RAW[key]
+    if value == "auto":
         return None
-    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+    text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(
+        value, bool) else ""
+    if text.isdigit() and int(text) >= low and (high is None or int(text) <= high):
         return None
-    return f"job.nproc_per_node: expected a positive integer or 'auto', found {value!r}"
+    return f"job.{key}: expected {expected}, found {value!r}"
+
+
+def raw_problems(job: dict[str, Any]) -> list[str]:
+    """What is wrong with the raw keys ``job`` gives (the argument spec takes any value of
+    them, and the plan refuses it later, naming no file): said where the job was read."""
+    found = [raw_problem(key, job[key]) for key in _RAW if key in job]
+    return [problem for problem in found if problem]
 
 
 def coerce(key: str, text: str) -> Any:
@@ -144,17 +162,14 @@ def coerce(key: str, text: str) -> Any:
     ValueError says what was expected and what was found."""
     opt = {k: v for k, v in job_options()[key].items() if k != "required"}
     result = ArgumentSpecValidator({key: opt}).validate({key: text})
-    if result.error_messages or (key == "nproc_per_node" and nproc_problem(text)):
-        choices = opt.get("choices")
-        expected = ("one of " + ", ".join(map(str, choices)) if choices else
-                    _EXPECTED.get(opt.get("type", "str"), f"a {opt.get('type')}"))
-        raise ValueError(f"expected {expected}, found {text!r}")
+    if result.error_messages or (key in _RAW and raw_problem(key, text)):
+        raise ValueError(f"expected {_expected(opt, key)}, found {text!r}")
     value = result.validated_parameters[key]
-    return int(value) if key == "nproc_per_node" and value != "auto" else value
+    return int(value) if key in _RAW and value != "auto" else value
 
 
 _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false",
-             "raw": "a positive integer or auto", "str": "a string"}
+             "str": "a string"}
 
 
 def read_job_file(path: str | Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from driver.handle import RunHandle
 from driver.logs import parse_line
 from driver.progress import Progress, facts_cells
 from driver.prune import PruneReport
+from driver.ps import PsReport
 from driver.result import Exit, RunInfo, RunResult
 
 
@@ -140,6 +141,11 @@ class Ui:
                      f"{warning.get('fix', '')}", "yellow")
         for host, why in result.left_out.items():
             self.say(f"  left out {host}: {why}", "yellow")
+        if (result.waves or 1) > 1 and result.action == "launch":
+            self.say(f"  the launch ran in waves: {result.waves_why}", "yellow")
+        for host, seconds in result.idle_gpus.items():
+            self.say(f"  idle GPUs on {host}: {seconds:g} s while the other nodes' GPUs worked "
+                     f"(a straggler or a stuck rank there?)", "yellow")
         for inc in result.incidents:
             after = inc.get("first_output_after")
             self.say(f"  restart {inc['restart']}"
@@ -184,10 +190,31 @@ class Ui:
             self.say("dry run: nothing was removed; add --yes to remove them", "yellow")
         return int(report.exit_code)
 
+    def report_ps(self, report: PsReport, as_json: bool) -> int:
+        """Who uses the nodes on stdout (the table, or --json's document); what is missing from
+        it on stderr: the nodes that did not answer, and those that could not see other users'
+        runs."""
+        if as_json:
+            print_json(report.to_dict())
+        else:
+            console().print(ps_table(report))
+        partial = [h for h, n in report.nodes.items() if n.sees_all is False]
+        if partial:
+            self.say(f"not root on {', '.join(partial)}: other users' runs there do not show "
+                     f"(the kernel hides their environments); -b (become) shows them", "yellow")
+        if not report.nodes and report.exit_code == Exit.OK:
+            self.say("no nodes: the inventory (within -l) has no hosts", "yellow")
+        if report.reason:
+            self.say(f"ps: {report.reason}", "red")
+        return int(report.exit_code)
+
 
 def _table(result: RunResult) -> Table:
     table = Table(title=f"run {result.run_id}: {result.state}", title_justify="left")
-    for col in ("node", "rank", "state", "exit", "last line / error"):
+    # The use column where a node's use was sampled (its cell comes with the summary).
+    used = any((h.get("use") or {}).get("cell") for h in result.hosts.values())
+    for col in ("node", "rank", "state", "exit", *(("use",) if used else ()),
+                "last line / error"):
         table.add_column(col, overflow="fold")
     for host, h in result.hosts.items():
         last = parse_line(host, h.get("node_rank"), result.static_nproc, h.get("last_line") or "")
@@ -196,8 +223,9 @@ def _table(result: RunResult) -> Table:
                  "standby": "yellow"}.get(h.get("state") or "", "red")
         exit_code = h.get("exit_code")
         rank = str(h.get("node_rank")) + (" (standby)" if h.get("standby") else "")
+        cells = [escape((h.get("use") or {}).get("cell") or "-")] if used else []
         table.add_row(escape(host), rank, f"[{style}]{h.get('state')}[/]",
-                      "-" if exit_code is None else str(exit_code), escape(note))
+                      "-" if exit_code is None else str(exit_code), *cells, escape(note))
     return table
 
 
@@ -220,6 +248,36 @@ def runs_table(found: list[RunInfo]) -> Table:
         table.add_row(r.run_id, r.state, _when(r.started_at), ",".join(r.nodes), escape(r.reason))
     return table
 
+
+def ps_table(report: PsReport) -> Table:
+    """One row per run per node, one per GPU process that is no run's, one for a node with
+    neither (idle) or no answer."""
+    table = Table(box=None, pad_edge=False)
+    for col in ("node", "run id / pid", "name", "user", "rank", "gpus", "gpu memory", "since",
+                "state"):
+        table.add_column(col, overflow="fold")
+    for host, node in report.nodes.items():
+        if node.no_answer:
+            table.add_row(escape(host), "-", "-", "-", "-", "-", "-", "-",
+                          f"[red]{escape(node.no_answer)}[/]")
+            continue
+        for run in node.runs:
+            style = {"running": "cyan", "starting": "cyan"}.get(run.get("state") or "", "yellow")
+            state = run.get("state") or "-"
+            if state == "stale":
+                state += f" ({run.get('job_state')})"
+            table.add_row(escape(host), escape(run["run_id"]), escape(run.get("name") or "-"),
+                          escape(run.get("user") or "-"), _or_dash(run.get("node_rank")),
+                          _gpus(run.get("gpus")), _memory(run.get("gpu_memory_bytes")),
+                          _when(run.get("started_at")), f"[{style}]{escape(state)}[/]")
+        for proc in node.gpu_processes or []:
+            table.add_row(escape(host), f"pid {proc['pid']}", escape(proc.get("name") or "-"),
+                          escape(proc.get("user") or "-"), "-", _gpus([proc.get("gpu")]),
+                          _memory(proc.get("used_memory_bytes")), "-",
+                          "[yellow]not torchherd's[/]")
+        if not node.runs and not node.gpu_processes:
+            table.add_row(escape(host), "-", "-", "-", "-", "-", "-", "-", "[green]idle[/]")
+    return table
 
 def _prune_table(report: PruneReport, gone: str) -> Table:
     table = Table(box=None, pad_edge=False)
@@ -245,3 +303,15 @@ def _size(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return ""
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else escape(str(value))
+
+
+def _gpus(gpus: list[Any] | None) -> str:
+    return ",".join(str(g) for g in gpus) if gpus else "-"
+
+
+def _memory(count: int | None) -> str:
+    return "-" if count is None else _size(count)

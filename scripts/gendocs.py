@@ -43,6 +43,8 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import (  
 )
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.decisions import (  # noqa: E402
     DECISIONS,
+)
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.nodes import (  # noqa: E402
     NODE_DECISIONS,
 )
 
@@ -195,7 +197,8 @@ def decisions():
     why_rows = [[f"`{key}`", "<br>".join(_text(r) for r in texts)]
                 for key, texts in reasons.items()]
     return (_source_note("plugins/filter/schedule.py",
-                         "plugins/plugin_utils/_schedule/decisions.py")
+                         "plugins/plugin_utils/_schedule/decisions.py",
+                         "plugins/plugin_utils/_schedule/nodes.py")
             + _table(["entry", "what it says", "why", "read in (tasks and plays)"], rows)
             + "\nThe decisions, in the order they are made (each reads those above it), and the "
               "rule each follows:\n\n"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the container test cluster needs (tests/cluster/testbed.py),
-# tmux for the terminal test (tests/integration/test_terminal.py) and docker-registry for the
-# container pull test (tests/integration/test_container.py).
+# tmux for the terminal test (tests/integration/test_terminal.py), docker-registry for the
+# container pull test (tests/integration/test_container.py), and chromium with its driver for
+# the page of `torchherd show` in a real browser (tests/integration/browser.py).
 # Idempotent and fast when everything is present: apt-get only runs for missing packages.
 # Writes no global container configuration: the harness points CONTAINERS_CONF at
 # tests/cluster/containers.conf for every podman call.
@@ -9,7 +10,7 @@ set -euo pipefail
 
 packages=(
   podman runc fuse-overlayfs slirp4netns uidmap debootstrap rsync
-  openssh-client pdsh tmux docker-registry
+  openssh-client pdsh tmux docker-registry chromium chromium-driver
 )
 
 missing=()

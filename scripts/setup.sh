@@ -16,7 +16,7 @@ if ! .venv/bin/python -c 'import torch, numpy; assert torch.__version__.startswi
 fi
 # Every runtime and test dependency is named here, so that a venv made before one was added
 # gets it too.
-if ! .venv/bin/python -c 'import driver, ansible_runner, argcomplete, pathspec, pytest, xdist, ruff, ansiblelint, molecule, jsonschema, ansible_builder, bindep, twine, trove_classifiers
+if ! .venv/bin/python -c 'import driver, ansible_runner, argcomplete, pathspec, pytest, xdist, ruff, ansiblelint, molecule, jsonschema, ansible_builder, bindep, twine, trove_classifiers, selenium
 assert tuple(map(int, pytest.__version__.split(".")[:2])) < (9, 2)
 import importlib.metadata, pathlib  # installed as the checkout says (VERSION changes on a release)
 assert importlib.metadata.version("torchherd") == pathlib.Path("VERSION").read_text().strip()' 2>/dev/null; then

@@ -1,5 +1,5 @@
 """The driver's API and CLI on the container cluster: launch (blocking and async), status,
-logs, stop, collect, runs; exit codes; Ctrl-C with either on-interrupt choice; secrets.
+logs, stop, collect, runs, ps; exit codes; Ctrl-C with either on-interrupt choice; secrets.
 
 Each 3-node launch costs ~15-20 s here, so one launch serves several assertions. Every test
 leaves cluster3 as it found it: no job process on any node, sshd running.
@@ -23,9 +23,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from selenium.webdriver.common.by import By
 
 from driver import api
 from driver.api import Exit
+from driver.progress import Progress
+from tests.integration.browser import chromium, colours, near, open_page, severe
 from tests.integration.helpers import (
     EXAMPLES,
     JOB_PROCS,
@@ -180,6 +183,64 @@ def test_api_async_events_status_cancel_detached_then_stop(cluster3, code_src, t
         assert_no_job_left(cluster3)
 
 
+# A job that says something new every half second on every rank, with the time it said it.
+TICKS = """\
+import os, socket, sys, time
+for step in range(int(sys.argv[1])):
+    sys.stdout.write(f"tick {step} rank={os.environ['RANK']} host={socket.gethostname()} "
+                     f"t={time.time():.3f}\\n")
+    sys.stdout.flush()
+    time.sleep(0.5)
+"""
+TICK = re.compile(r"tick (\d+) rank=(\d+) host=(\S+) t=([\d.]+)")
+
+
+def test_the_live_view_shows_every_nodes_own_line_about_two_seconds_behind(cluster3, tmp_path):
+    """A live view (progress_every) of a 3-node launch watched through the master alone: the
+    master's wait comes back with every node's own last line as its gang heard it, and the
+    table shows each node's, a rank of that node's, no more than about 2 s after the rank
+    printed it (the nodes share this machine's clock)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "ticks.py").write_text(TICKS)
+    job = {"script": "ticks.py", "args": ["16"], "code_src": str(code), "nproc_per_node": 2}
+    handle = api.launch_async(job, cluster3.inventory, runs_dir=tmp_path / "runs",
+                              progress_every=5)
+    progress = Progress("t")
+    names = [node.name for node in cluster3.nodes]
+    shown: dict[str, set[int]] = {name: set() for name in names}
+    lags: dict[str, list[float]] = {name: [] for name in names}
+    with left_healthy(cluster3, tmp_path / "runs"):
+        for event in handle.events(timeout=120):
+            progress.update(event)
+            res = event["event_data"].get("res") or {}
+            if event["event"] != "runner_retry" or "nodes" not in res:
+                continue
+            now = time.time()
+            for host, said in res["nodes"].items():
+                tick = TICK.search(said["last_line"])
+                assert tick and tick.group(3) == host, said  # the node's own words
+                lags[host].append(now - float(tick.group(4)))
+            for i, name in enumerate(names):
+                row = progress.rows[name]
+                tick = TICK.search(row.note)
+                if row.state == "running" and tick:
+                    assert int(tick.group(2)) // 2 == i, row  # a rank of its own node
+                    shown[name].add(int(tick.group(1)))
+        result = handle.wait(timeout=60)
+    assert result.ok, result.reason
+    schedule = json.loads((tmp_path / "runs" / result.run_id / "schedule.json").read_text())
+    assert schedule["watch"]["master_alone"] and schedule["watch"]["lines"] == 1.0
+    # Every node's row went through its lines while the job ran, not just one at the end.
+    assert all(len(steps) >= 3 for steps in shown.values()), shown
+    # Each line arrives a second or two after its rank printed it (a round trip of the wait
+    # and the task's next try on top): the median well under 2 s, none far behind.
+    for host, seen in lags.items():
+        seen.sort()
+        assert seen[len(seen) // 2] < 2.0 and seen[-1] < 3.5, (host, seen)
+    assert_no_job_left(cluster3)
+
+
 class CmdlineScan:
     """Look for a string in every controller process's command line, as often as it can."""
 
@@ -328,6 +389,28 @@ def test_cli_failing_rank_is_job_failed(cluster3, code_src, tmp_path):
     assert "rank 3" in doc["reason"]
     assert_no_job_left(cluster3)
 
+    # The run's page (show), opened in a real browser: no error in its console, every node
+    # named, the root cause said, and the timeline drawn (the failed node's bar among the
+    # pixels of its box, not the page's background alone).
+    code, stdout, stderr = cli("show", doc["run_id"], "--runs-dir", str(tmp_path), "--json")
+    assert code == Exit.OK, stderr
+    page = Path(document(stdout)["page"])
+    assert page == tmp_path / doc["run_id"] / "report.html"
+    with chromium() as browser:
+        open_page(browser, page)
+        assert severe(browser) == []
+        text = browser.find_element(By.TAG_NAME, "body").text
+        assert all(node.name in text for node in cluster3.nodes)
+        assert browser.find_element(By.ID, "reason").text == doc["reason"]
+        browser.save_screenshot(str(tmp_path / "show.png"))
+        timeline = browser.find_element(By.ID, "timeline")
+        assert timeline.is_displayed() and timeline.size["width"] > 500 \
+            and timeline.size["height"] > 3 * 20
+        shot = tmp_path / "show-timeline.png"
+        shot.write_bytes(timeline.screenshot_as_png)
+        found = colours(shot.read_bytes())
+        assert len(found) > 20 and near(found, "#c62828"), sorted(found)[:40]
+
 
 def test_cli_preflight_failure_and_usage_error(cluster3, code_src, tmp_path):
     # No GPU on the nodes: nccl with 2 processes per node cannot start.
@@ -360,3 +443,35 @@ def test_cli_unreachable_node(cluster3, code_src, tmp_path):
     doc = document(stdout)
     assert doc["exit_name"] == "node_unreachable" and dead.name in doc["reason"]
     assert_no_job_left(cluster3)
+
+
+def test_cli_ps_shows_a_detached_run_on_every_node_and_names_an_unreachable_one(
+        cluster3, code_src, tmp_path):
+    launched = api.launch(allreduce_job(code_src, args=["--sleep", "120"], detach=True),
+                          cluster3.inventory, runs_dir=tmp_path)
+    assert launched.state == "running", launched.reason
+    with left_healthy(cluster3, tmp_path):
+        code, stdout, stderr = cli("ps", "-i", str(cluster3.inventory), "--json")
+        assert code == Exit.OK, stderr
+        doc = document(stdout)
+        assert list(doc["nodes"]) == [n.name for n in cluster3.nodes]
+        for node_rank, node in enumerate(cluster3.nodes):
+            [run] = [r for r in doc["nodes"][node.name]["runs"]
+                     if r["run_id"] == launched.run_id]
+            assert (run["user"], run["node_rank"], run["state"], run["name"]) == (
+                "root", node_rank, "running", "allreduce"), run
+            assert run["pids"] and run["started_at"] > 0
+
+        stopped = api.stop(launched.run_id, runs_dir=tmp_path)
+        assert stopped.state == "stopped", stopped.reason
+        # A host that refuses SSH, beside the cluster's nodes: named with why, never skipped.
+        ghost = tmp_path / "with-ghost.ini"
+        ghost.write_text(cluster3.inventory.read_text()
+                         + "\n[ghosts]\nghost ansible_host=127.0.0.1 ansible_port=1\n")
+        # (The API's ps, which the CLI prints: a second CLI start would cost a second.)
+        found = api.ps(ghost)
+        assert found.exit_code == Exit.NODE_UNREACHABLE, found.reason
+        assert list(found.nodes) == [n.name for n in cluster3.nodes] + ["ghost"]
+        assert not [r for n in found.nodes.values() for r in n.runs if r["state"] == "running"]
+        assert found.nodes["ghost"].no_answer.startswith("unreachable:")
+        assert "ghost (unreachable:" in found.reason

@@ -2,7 +2,10 @@
 page's order, in one shell (so ``cd``, ``. activate`` and variables carry over) in a fresh
 directory holding the wheel built from this checkout; each command exits as the page says
 (a ``# exit N`` line among its output, else 0) and prints the lines CHECKS names, which the
-page must show too.
+page must show too. Every other line the page shows for a torchherd command (or a file it
+ships) is in the real output as well, with what changes every run masked (``shown_lines``;
+``...`` on a line of its own stands for lines left out): the page's output is today's
+code's, not a paste that drifted.
 
 The page's nodes are this machine (inventories/local.ini); their job needs a Python with torch,
 which the page takes from $NODE_PYTHON: here the suite's own, as a user's would be theirs."""
@@ -87,6 +90,34 @@ def steps_of(text: str) -> list[Step]:
     return steps
 
 
+# The page's homes: /home/demo is the new user's (the test's fresh directory), /home/me the
+# home of the user whose local nodes run the job (their roots are under ~/.torchherd/local).
+PAGE_HOME, PAGE_NODES_HOME = "/home/demo", "/home/me"
+_RUN_ID = re.compile(r"\b\d{8}-\d{6}-[0-9a-f]{4}\b")
+_SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)\b")
+_ELAPSED = re.compile(r"\b\d+(?:h\d+m|m\d+s|s)\b")
+_RULE = re.compile(r"([━─═])\1+")
+
+
+def shown_lines(text: str, home: Path) -> set[str]:
+    """The lines of ``text`` as the page and a real run can both show them: the page's homes in
+    place of the real ones; run ids, sizes, times, host names and every other number masked
+    (which rank printed last, a pid, a version); spaces and table rules collapsed (a column is
+    as wide as its widest cell)."""
+    lines = set()
+    for line in text.splitlines():
+        line = line.replace(str(home), PAGE_HOME).replace(str(Path.home()), PAGE_NODES_HOME)
+        line = _RUN_ID.sub("RUN", line)
+        line = _SIZE.sub("SIZE", line)
+        line = _ELAPSED.sub("TIME", line)
+        line = re.sub(r"host=\S+", "host=HOST", line)
+        line = re.sub(r"\d+", "N", line)
+        line = " ".join(_RULE.sub(r"\1", line).split())
+        if line and line != "...":
+            lines.add(line)
+    return lines
+
+
 def run_in_one_shell(commands: list[str], cwd: Path, env: dict[str, str],
                      timeout: float) -> list[tuple[int, str]]:
     """(exit code, stdout and stderr together) of each command, run one after another by one
@@ -129,6 +160,13 @@ def test_the_first_hour_page_runs_as_shown(installed, tmp_path):  # noqa: F811
             for phrase in phrases:
                 assert phrase in shown, (step.command, f"the page does not show {phrase!r}")
                 assert phrase in out, (step.command, phrase, out[-3000:])
+            # What torchherd prints, and the files it ships (pip's words are pip's).
+            if not step.command.startswith(("torchherd ", "cat ")):
+                continue
+            stale = shown_lines(shown, home) - shown_lines(out, home)
+            assert not stale, (step.command, "the page shows lines today's code does not print "
+                               "(paste the real output in their place)", sorted(stale),
+                               out[-3000:])
         # The prune removed what it said: on the controller all runs but the newest, on the
         # nodes the run directories of the good launch.
         said = "\n".join(out for _rc, out in results)

@@ -25,7 +25,9 @@ def allreduce_job(**extra):
 
 
 def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
-    job = allreduce_job(args=["--result-dir", "results"], artifacts=["results/*.json"])
+    # Samples of each node's use, often enough for a job of a few seconds.
+    job = allreduce_job(args=["--result-dir", "results"], artifacts=["results/*.json"],
+                        sample_interval=0.25)
     result = launch(job, cluster3.inventory, runs_dir=tmp_path)
     assert result.ok, result.reason
     assert result.summary["world_size"] == 6
@@ -48,6 +50,14 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
         assert host["state"] == "succeeded" and host["exit_code"] == 0
         # The launcher preflight started ahead over SSH ran the job (the schedule's start.warm).
         assert host["warm"] and host["warm"]["used"], host["warm"]
+        # The node's CPU and memory were sampled while the job ran (no GPU, no nvidia-smi:
+        # no GPU samples); the record that came back keeps every point.
+        use = host["use"]
+        assert use["stats"]["mean_cpu"] is not None and use["stats"]["peak_memory_mib"] > 0, use
+        assert use["recent"] and use["stats"]["gpus"] == [] and "gpus" not in use, use
+        record = json.loads((run_dir / "nodes" / node.name / "run.json").read_text())
+        assert len(record["use"]["points"]) >= 2, record["use"]
+        assert use["stats"]["samples"] == sum(p[1] for p in record["use"]["points"])
         log = run_dir / "nodes" / node.name / "node.log"
         assert log.is_file(), f"log of {node.name} did not come back"
         # Per-rank logs came back too, one directory per local rank.
@@ -77,7 +87,7 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
         assert json.loads(art.read_text())["node_rank"] == node_rank
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["state"] == "succeeded"
+    assert summary["state"] == "succeeded" and summary["idle_gpus"] == {}
     assert set(summary["timings"]) >= {"preflight", "sync", "start", "watch", "collect"}
     # The code really was copied onto each node's own file system.
     for node in cluster3.nodes:

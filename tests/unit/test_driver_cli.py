@@ -70,9 +70,10 @@ def test_usage_errors_exit_2_before_ansible(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv,expected", [
     (["--nproc-per-node", "abc"], "argument --nproc-per-node: expected a positive integer or "
-                                  "auto, found 'abc'"),
+                                  "'auto', found 'abc'"),
     (["--nproc-per-node", "0"], "argument --nproc-per-node: expected a positive integer"),
-    (["--master-port", "abc"], "argument --master-port: expected an integer, found 'abc'"),
+    (["--master-port", "abc"], "argument --master-port: expected an integer in 1..65535 or "
+                               "'auto', found 'abc'"),
     (["--rdzv", "etcd"], "argument --rdzv: expected one of static, c10d, found 'etcd'"),
     (["--firewall", "maybe"], "argument --firewall: expected true or false, found 'maybe'"),
 ])
@@ -89,16 +90,28 @@ def test_flag_values_coerced_as_the_job_files():
 
 def test_a_bad_value_in_the_job_file_names_the_file_and_the_key(tmp_path):
     path = tmp_path / "job.yml"
-    path.write_text("script: t.py\nnproc_per_node: abc\nmaster_port: x\nnproc_per_nod: 2\n")
+    path.write_text("script: t.py\nnproc_per_node: abc\ntimeout: x\nnproc_per_nod: 2\n")
     with pytest.raises(cli.UsageError) as info:
         job("-j", str(path))
     message = str(info.value)
     assert message.startswith(f"job file {path}: expected a job torchherd can run, found:\n")
-    assert "\n  job.master_port: expected an integer, found 'x'\n" in message
+    assert "\n  job.timeout: expected an integer, found 'x'\n" in message
     assert ("\n  job.nproc_per_nod: expected a key of job, found an unknown key; did you mean "
             "nproc_per_node?\n") in message
     # Ansible's own words come last, for a search of the error or a user of ansible-playbook.
     assert "\nAnsible's validator says: Validation of arguments failed:\n" in message
+
+
+def test_a_bad_master_port_in_the_job_file_is_named_in_torchherds_words(tmp_path):
+    path = tmp_path / "job.yml"
+    path.write_text("script: t.py\nmaster_port: abc\n")
+    with pytest.raises(cli.UsageError) as info:
+        job("-j", str(path))
+    assert str(info.value).startswith(f"job file {path}: job.master_port: expected an integer "
+                                      f"in 1..65535 or 'auto', found 'abc'; fix: ")
+    assert "is of type" not in str(info.value)  # not ansible-core's words
+    path.write_text("script: t.py\nmaster_port: auto\n")
+    assert job("-j", str(path))["master_port"] == "auto"
 
 
 def test_a_bad_key_value_pair_is_named_by_its_flag_not_the_job_file(tmp_path):
@@ -263,7 +276,8 @@ def test_help_shows_defaults_choices_examples_and_exit_codes(capsys):
     launch = help_of("launch")
     assert "--backend {auto,gloo,nccl} Collective backend" in launch
     assert "--firewall {true,false}" in launch
-    assert "Rendezvous port on the master. (default: 29500)" in launch
+    assert "Rendezvous port on the master, an integer in 1..65535" in launch
+    assert "give a number there. (default: 29500)" in launch
     assert "(default: stop)" in launch and "$TORCHHERD_RUNS_DIR" in launch
     assert "examples: torchherd launch -i inventories/cluster.ini" in launch
     # A mapping's own keys, with their types, choices and defaults (not only KEY=VALUE).

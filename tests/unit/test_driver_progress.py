@@ -393,6 +393,53 @@ def test_a_running_job_shows_time_and_the_last_line_a_rank_printed(events):
     assert row_cells("n0", progress.rows["n0"], 500.0)[4:] == ["30s", "r0: done"]
 
 
+def test_the_masters_wait_gives_every_node_its_own_last_line(events):
+    """Where the master's wait speaks for its gang, its rounds carry every node's last line as
+    the gang heard it (``nodes``): each running node's row shows its own, ranked as its own;
+    the master's row keeps its log's line where that is the job's, else takes the gang's."""
+    watch = next(i for i, e in enumerate(events) if phase_of(e["event_data"], "") == "watch")
+    progress = Progress("t", now=0.0)
+    for event in events[:watch]:
+        progress.update(event, now=10.0)
+    for host in NODES:
+        start = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
+                           host, "start.yml")
+        start["event_data"]["res"].update(job_state="running", last_line="")
+        progress.update(start, now=10.0)
+    progress.update(events[watch], now=11.0)
+    wait = task_event(events, "runner_on_ok", "torchrun", "torchherd.cluster.torchrun_job",
+                      "n0", "wait.yml")
+    wait["event"] = "runner_retry"
+
+    def round_(own, nodes, now):
+        retry = copy.deepcopy(wait)
+        retry["event_data"]["res"].update(job_state="running", last_line=own, nodes=nodes,
+                                          gang_complete=True, gang_ended=False)
+        assert progress.update(retry, now=now) == []  # lines every second: nothing printed
+        return [progress.rows[h].note for h in NODES]
+
+    said = {"n0": {"last_line": "[default1]:step 4", "at": 1.0},
+            "n1": {"last_line": "[default0]:step 5", "at": 1.2}}
+    # n1 is node_rank 1 of 2 processes a node: its local rank 0 is rank 2.
+    assert round_("[default0]:step 6", said, 15.0) == ["r0: step 6", "r2: step 5"]
+    # The master's log ends in a warning: the gang's line of it is the job's.
+    assert round_("[default0]:/t.py:3: UserWarning: careful", said, 16.0) == [
+        "r1: step 4", "r2: step 5"]
+    # A torch warning a node said keeps the rank's line it showed; anything but a mapping or
+    # a node of no row is passed over.
+    assert round_("", {"n1": {"last_line": "W1128 10:00:00.1 1 x.py:1] slow"}, "n9": {},
+                       "n0": "?"}, 17.0) == ["r1: step 4", "r2: step 5"]
+    assert round_("", "not a mapping", 18.0) == ["r1: step 4", "r2: step 5"]
+    # A node whose row no longer runs keeps its last note.
+    progress.rows["n1"].state = "failed"
+    assert round_("", {"n1": {"last_line": "[default0]:later"}}, 19.0)[1] == "r2: step 5"
+    console = Console(width=120, record=True)
+    progress.rows["n1"].state = "running"
+    console.print(progress.table(now=40.0))
+    text = console.export_text()
+    assert "r1: step 4" in text and "r2: step 5" in text and text.count("30s") == 2
+
+
 def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():
     gpu = {"node_rank": 0, "role": "master", "check": "passed", "failed_checks": [],
            "python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9",

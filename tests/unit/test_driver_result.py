@@ -192,3 +192,16 @@ def test_runs_lists_a_launch_that_ended_before_its_summary_by_the_drivers_note(t
     (run / DRIVER_FILE).write_text(json.dumps(
         {"launch": {"state": "error", "reason": "node0: an Ansible error"}}))
     assert (run_info(run).state, run_info(run).reason) == ("error", "node0: an Ansible error")
+
+
+def test_a_master_port_of_auto_is_the_port_the_master_picked(tmp_path):
+    """plan.json keeps the job's auto; the result (verify's, which has no summary, as a
+    launch's) says the port preflight picked, as summary.json does."""
+    run = verify_dir(tmp_path)
+    plan = dict(PLAN, master={"host": "gpu0", "addr": "10.0.0.1", "port": "auto"})
+    (run / "plan.json").write_text(json.dumps(plan))
+    preflight = json.loads((run / "preflight.json").read_text())
+    preflight["gate"]["master_port"] = 41873
+    (run / "preflight.json").write_text(json.dumps(preflight))
+    assert read_result(run, "verify", 0, "").master == {"host": "gpu0", "addr": "10.0.0.1",
+                                                        "port": 41873}

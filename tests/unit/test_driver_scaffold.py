@@ -12,8 +12,9 @@ from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 
 from driver import cli, scaffold
+from driver.inputs import inventory_job
 from driver.result import Exit, UsageError
-from driver.spec import job_options, load_job, read_job_file
+from driver.spec import job_options, load_job, read_job_file, validate
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +36,10 @@ def test_init_writes_a_job_the_driver_accepts_and_inventories_ansible_parses(tmp
         nodes = inventory.get_groups_dict()["torchherd_nodes"]
         assert len(nodes) >= 2, name
         assert all(inventory.get_host(n).vars.get("ansible_host") for n in nodes), name
+    # The two nodes of this machine take a master port the master picks free (master_port
+    # auto): users and checkouts of one machine do not all meet on 29500.
+    _, local_job = inventory_job(str(root / "inventories" / "local.ini"))
+    assert validate(local_job)["master_port"] == "auto"
     cluster = InventoryManager(loader=DataLoader(),
                                sources=[str(root / "inventories" / "cluster.ini")])
     group_vars = cluster.groups["torchherd_nodes"].get_vars()

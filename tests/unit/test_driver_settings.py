@@ -10,6 +10,7 @@ import yaml
 from driver import paths
 from driver.runner import (
     OWN_CONFIG,
+    OWN_FORKS,
     RUN_SETTINGS,
     SSH_EXTRA_ARGS,
     _cmdline,
@@ -85,6 +86,26 @@ def test_host_key_checking_follows_the_callers_ansible_cfg(tmp_path, monkeypatch
     assert run_settings({"PATH": ""})["ANSIBLE_HOST_KEY_CHECKING"] == "True"
     (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
     assert run_settings({"PATH": ""})["ANSIBLE_HOST_KEY_CHECKING"] == "False"
+
+
+def test_one_worker_per_node_up_to_a_bound_unless_the_caller_sets_forks(tmp_path, monkeypatch):
+    """Ansible's default of 5 forks runs 32 nodes in seven waves of every task: where the
+    caller's configuration sets no forks, a run gets OWN_FORKS (ansible-core starts no more
+    workers than a play has hosts); a caller's forks, in a file or the environment, hold."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    monkeypatch.delenv("ANSIBLE_FORKS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if os.path.exists("/etc/ansible/ansible.cfg"):
+        return  # this machine's own configuration is the caller's
+    assert run_settings({"PATH": ""})["ANSIBLE_FORKS"] == str(OWN_FORKS) == "64"
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
+    assert run_settings({"PATH": ""})["ANSIBLE_FORKS"] == "64"  # a file that sets no forks
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nforks = 7\n")
+    assert "ANSIBLE_FORKS" not in run_settings({"PATH": ""})
+    (tmp_path / "ansible.cfg").unlink()
+    monkeypatch.setenv("ANSIBLE_FORKS", "3")
+    assert "ANSIBLE_FORKS" not in run_settings({"PATH": "", "ANSIBLE_FORKS": "3"})
 
 
 def test_collections_path_order(tmp_path, monkeypatch):

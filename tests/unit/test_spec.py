@@ -4,7 +4,15 @@ import pytest
 import yaml
 
 from driver.paths import collection_dir
-from driver.spec import JobSpecError, coerce, job_options, load_job, nproc_problem, validate
+from driver.spec import (
+    JobSpecError,
+    coerce,
+    job_options,
+    load_job,
+    raw_problem,
+    raw_problems,
+    validate,
+)
 
 
 def test_defaults_filled_from_the_argument_spec():
@@ -21,8 +29,8 @@ def test_unknown_key_is_named_with_the_known_ones():
 
 
 @pytest.mark.parametrize("key,value,ours,ansibles", [
-    ("master_port", "abc", "job.master_port: expected an integer, found 'abc'",
-     "argument 'master_port' is of type str found in 'torchherd_job'. "
+    ("max_restarts", "abc", "job.max_restarts: expected an integer, found 'abc'",
+     "argument 'max_restarts' is of type str found in 'torchherd_job'. "
      "and we were unable to convert to int"),
     ("env", ["A=1"], "job.env: expected a mapping of NAME: value, found ['A=1']",
      "argument 'env' is of type list found in 'torchherd_job'. "
@@ -50,9 +58,9 @@ def test_wrong_types_in_torchherds_words_then_ansibles(key, value, ours, ansible
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(JobSpecError) as info:
-        validate({"script": "t.py", "master_port": "x", "backend": "mpi", "zz": 1})
+        validate({"script": "t.py", "timeout": "x", "backend": "mpi", "zz": 1})
     ours = str(info.value).split("\nfix: ")[0].splitlines()[1:]
-    assert [line.split(":")[0].strip() for line in ours] == ["job.master_port", "job.backend",
+    assert [line.split(":")[0].strip() for line in ours] == ["job.timeout", "job.backend",
                                                              "job.zz"]
 
 
@@ -76,24 +84,47 @@ def test_a_typod_key_gets_the_closest_one():
     (-1, False), ("", False), ("Auto", False), (1.5, False),
 ])
 def test_nproc_per_node_in_the_plans_words(value, ok):
-    problem = nproc_problem(value)
+    problem = raw_problem("nproc_per_node", value)
     assert (problem is None) == ok
     if not ok:
         assert problem == (f"job.nproc_per_node: expected a positive integer or 'auto', found "
                            f"{value!r}")
 
 
+@pytest.mark.parametrize("value,ok", [
+    ("auto", True), (29500, True), ("29501", True), (1, True), (65535, True), (0, False),
+    (65536, False), ("abc", False), (True, False), (1.5, False), ("", False),
+])
+def test_master_port_a_number_or_auto_in_the_plans_words(value, ok):
+    problem = raw_problem("master_port", value)
+    assert (problem is None) == ok
+    if not ok:
+        assert problem == (f"job.master_port: expected an integer in 1..65535 or 'auto', found "
+                           f"{value!r}")
+
+
+def test_raw_keys_the_argument_spec_lets_through_are_named_in_the_plans_words():
+    # The validator takes any value of a raw key, as the plan role's argument spec does.
+    job = {"script": "t.py", "master_port": "abc", "nproc_per_node": 0}
+    assert validate(job)["master_port"] == "abc"
+    assert raw_problems(job) == [
+        "job.nproc_per_node: expected a positive integer or 'auto', found 0",
+        "job.master_port: expected an integer in 1..65535 or 'auto', found 'abc'"]
+    assert raw_problems({"master_port": "auto", "nproc_per_node": "2"}) == []
+
+
 @pytest.mark.parametrize("key,text,expected", [
     ("nproc_per_node", "3", 3), ("nproc_per_node", "auto", "auto"), ("detach", "yes", True),
-    ("master_port", "29600", 29600), ("backend", "gloo", "gloo"),
+    ("master_port", "29600", 29600), ("master_port", "auto", "auto"), ("backend", "gloo", "gloo"),
 ])
 def test_flag_values_coerced_by_the_same_validator(key, text, expected):
     assert coerce(key, text) == expected
 
 
 @pytest.mark.parametrize("key,text,expected", [
-    ("nproc_per_node", "x", "expected a positive integer or auto, found 'x'"),
-    ("master_port", "x", "expected an integer, found 'x'"),
+    ("nproc_per_node", "x", "expected a positive integer or 'auto', found 'x'"),
+    ("master_port", "x", "expected an integer in 1..65535 or 'auto', found 'x'"),
+    ("master_port", "70000", "expected an integer in 1..65535 or 'auto', found '70000'"),
     ("backend", "mpi", "expected one of auto, gloo, nccl, found 'mpi'"),
 ])
 def test_bad_flag_values_say_what_was_expected(key, text, expected):
@@ -102,9 +133,9 @@ def test_bad_flag_values_say_what_was_expected(key, text, expected):
 
 
 def test_coerced_as_ansible_coerces():
-    job = validate({"script": "t.py", "master_port": "29600", "detach": "yes", "firewall": "on",
+    job = validate({"script": "t.py", "timeout": "600", "detach": "yes", "firewall": "on",
                     "firewall_persistent": 1, "args": [1, "x"]})
-    assert job["master_port"] == 29600 and job["args"] == ["1", "x"]
+    assert job["timeout"] == 600 and job["args"] == ["1", "x"]
     assert job["detach"] is True and job["firewall"] is True
     assert job["firewall_persistent"] is True
     assert validate({"script": "t.py", "firewall": "off"})["firewall"] is False

@@ -261,6 +261,32 @@ def test_master_port_in_use_on_the_master_only():
     assert checks(verdict) == [("a", "master port")]
 
 
+def test_master_port_auto_is_the_port_the_master_picked():
+    master, other = cpu("a"), cpu("b")
+    master["port_picked"] = 41873
+    verdict = gate(*make({"a": master, "b": other}, master_port="auto"))
+    assert verdict["ok"] and verdict["master_port"] == 41873
+    # A job's own port is the launch's as it stands.
+    assert gate(*make({"a": cpu("a"), "b": cpu("b")}))["master_port"] == 29500
+
+
+def test_master_port_auto_where_the_master_could_pick_none():
+    master, other = cpu("a"), cpu("b")
+    master["port_picked"] = None
+    verdict = gate(*make({"a": master, "b": other}, master_port="auto"))
+    assert checks(verdict) == [("a", "master port")] and verdict["master_port"] is None
+    assert verdict["problems"][0]["found"] == "none could be bound"
+
+
+def test_the_probe_names_the_port_the_master_picked():
+    master = cpu("a")
+    master["port_picked"] = 41873
+    hosts, hv, p = make({"a": master, "b": cpu("b")}, master_port="auto")
+    hv["b"]["torchherd_probe"] = {"reachable": False, "error": "timed out after 3 s"}
+    verdict = gate(hosts, hv, p)
+    assert "10.0.0.1:41873" in verdict["problems"][0]["expected"]
+
+
 def test_probe_failure_names_the_pair():
     hosts, hv, p = make({"a": cpu("a"), "b": cpu("b"), "c": cpu("c")})
     hv["b"]["torchherd_probe"] = {"reachable": False, "error": "timed out after 3 s"}

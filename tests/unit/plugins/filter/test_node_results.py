@@ -1,5 +1,7 @@
 """Results of the nodes on the controller's clock: nodes whose clocks disagree still compare."""
 
+import json
+
 from ansible_collections.torchherd.cluster.plugins.filter.node_results import node_results
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import summarize
 
@@ -201,3 +203,25 @@ def test_the_state_is_the_answer_that_read_the_node_last():
     result = node_results(["n0"], {"n0": node})["n0"]
     assert (result["job_state"], result["unreachable"], result["error"]) == (
         "running", True, "ssh: timed out")
+
+
+def test_the_nodes_use_comes_from_the_newest_copy_of_its_record(tmp_path):
+    """The wait's answer carries the recent samples and their stats; the record collect
+    brought back (a later seq) keeps every point, and wins."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils._use import add, brief
+
+    use = {"every": 1.0, "gpus": [0]}
+    for i in range(5):
+        use = add(use, [float(i), 1, 10.0 * i, 100.0, [[90.0, 1000.0 + i]]])
+    node = watched(10.0, 10.0, 10.0, state="succeeded")
+    early = brief(dict(use, points=use["points"][:2]))
+    node["torchherd_watch"]["record"] = {"seq": 3, "use": early}
+    answered = node_results(["n0"], {"n0": node})["n0"]["use"]
+    assert answered["stats"]["samples"] == 2 and "points" not in answered
+    (tmp_path / "n0").mkdir()
+    (tmp_path / "n0" / "run.json").write_text(json.dumps({"seq": 4, "use": use}))
+    kept = node_results(["n0"], {"n0": node}, nodes_dir=str(tmp_path))["n0"]["use"]
+    assert kept["stats"]["samples"] == 5 and kept["stats"]["gpus"][0]["peak_memory_mib"] == 1004.0
+    assert kept["recent"] == use["points"][-3:] and "points" not in kept
+    # Nothing sampled: null.
+    assert node_results(["n0"], {"n0": watched(10.0, 10.0, 10.0)})["n0"]["use"] is None

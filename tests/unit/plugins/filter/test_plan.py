@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
@@ -95,9 +97,21 @@ def test_port_out_of_range(port):
     fails("job.master_port: expected an integer in 1..65535", master_port=port)
 
 
-@pytest.mark.parametrize("port", ["http", "29500x", 1.5])
-def test_port_not_an_integer_is_refused_in_ansibles_words(port):
-    fails(r"Validation of arguments failed:\nargument 'master_port' is of type", master_port=port)
+def test_master_port_auto_is_left_to_the_master_in_preflight():
+    p = run(master_port="auto")
+    assert p["master"] == {"host": "a", "addr": "10.0.0.1", "port": "auto"}
+    assert p["job"]["master_port"] == "auto"
+    # A firewall in mode ports would need the port in its rules before preflight picked it.
+    fails(r"job.master_port: expected a port number with firewall_mode ports .* on a\), found "
+          r"auto; fix: give master_port a free port, or use firewall_mode members",
+          master_port="auto", firewall_mode="ports", firewall_ports=["50000-50999"])
+    assert run(master_port="auto", firewall_mode="ports", firewall=False)
+
+
+@pytest.mark.parametrize("port", ["http", "29500x", 1.5, True])
+def test_port_not_an_integer_is_refused_in_the_plans_words(port):
+    fails(r"job.master_port: expected an integer in 1..65535 or 'auto', found "
+          + re.escape(repr(port)), master_port=port)
 
 
 def test_a_job_that_skipped_role_validation_is_refused_not_crashed_on():

@@ -67,11 +67,17 @@ def expected(forks, barrier, job, live=0, spawn="ssh"):
         "teardown": "none" if detach else "nodes_with_rules",
         # One wait speaks for the job: a live view gets word in its rounds, else the job's.
         "round": 0 if detach else live if live and alone and not hang else 3600,
+        # The same wait, for a live view, also returns with the nodes' changed lines, at most
+        # every second; where every node is watched the lines come with the rounds.
+        "lines": min(live, 1.0) if live and alone and not detach else 0.0,
         # A launcher on the nodes themselves starts ahead, whatever else; srun starts it anew.
         "warm": spawn == "ssh",
         "hang": hang and not detach,
         "lost_fails": not elastic,
         "spawn": dict.fromkeys(HOSTS, spawn),
+        # Every node samples its use at the job's interval (5 s unless the job says), detached
+        # or not.
+        "sample_every": 5.0,
     }
 
 
@@ -90,12 +96,29 @@ def test_truth_table(forks, barrier, kind, live, launcher, spawn):
         "if_gang_incomplete": s["watch"]["if_gang_incomplete"], "teardown": s["teardown"],
         "round": s["watch"]["round"], "warm": s["start"]["warm"],
         "hang": s["watch"]["hang"], "lost_fails": s["watch"]["lost_fails"],
-        "spawn": s["spawn"],
+        "spawn": s["spawn"], "sample_every": s["start"]["sample_every"],
+        "lines": s["watch"]["lines"],
     }
     assert got == expected(forks, barrier, JOBS[kind], live, spawn)
     # Every decision says why.
     assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart",
-                             "venv", "container", "start", "hang", "lost_fails", "spawn"}
+                             "venv", "container", "start", "hang", "lost_fails", "spawn",
+                             "sample", "lines", "waves"}
+
+
+def test_fewer_forks_than_nodes_run_each_task_in_waves():
+    s = schedule(planned(), 2)
+    assert s["waves"] == (len(s["spawn"]) + 1) // 2 > 1
+    assert f"2 forks for {len(s['spawn'])} nodes" in s["why"]["waves"]
+    s = schedule(planned(), 64)
+    assert s["waves"] == 1 and s["why"]["waves"].startswith("one worker per node")
+
+
+def test_the_nodes_use_is_sampled_at_the_jobs_interval_or_not_at_all():
+    s = schedule(planned(sample_interval=2.5), 4)
+    assert s["start"]["sample_every"] == 2.5 and "every 2.5 s" in s["why"]["sample"]
+    s = schedule(planned(sample_interval=0), 4)
+    assert s["start"]["sample_every"] == 0 and "not sampled" in s["why"]["sample"]
 
 
 def test_barrier_off_with_fewer_forks_keeps_the_gang_and_says_why():
@@ -159,6 +182,23 @@ def test_a_job_started_on_verifys_plan_is_watched_on_every_node():
     assert s["watch"]["if_gang_incomplete"] == "nothing"
 
 
+def test_a_live_view_gets_every_nodes_line_from_the_wait_that_speaks_for_the_job():
+    """The master's wait returns with its gang's changed lines at most every second (the
+    view's own interval where shorter); one node's wait with its own; never where every node is
+    watched, nor detached, nor without a live view."""
+    s = schedule(planned(), 4, progress_every=5)
+    assert (s["watch"]["master_alone"], s["watch"]["lines"]) == (True, 1.0)
+    assert "every node's, as the master's gang hands them on" in s["why"]["lines"]
+    assert schedule(planned(), 4, progress_every=0.5)["watch"]["lines"] == 0.5
+    one = schedule(plan({"script": "t.py"}, {"torchherd_nodes": ["n0"]}, HOSTVARS, run_id="r"),
+                   5, progress_every=5)
+    assert one["watch"]["lines"] == 1.0 and "(the node's)" in one["why"]["lines"]
+    for job, live, why in (({"hang_timeout": 60}, 5, "every node is watched"),
+                           ({"detach": True}, 5, "detached"), ({}, 0, "no live view")):
+        s = schedule(planned(**job), 4, progress_every=live)
+        assert s["watch"]["lines"] == 0 and why in s["why"]["lines"]
+
+
 def test_a_live_view_never_lengthens_a_shorter_watch_interval():
     s = schedule(planned(watch_interval=2), 4, progress_every=5)
     assert s["watch"]["round"] == 2
@@ -218,12 +258,13 @@ def warm_plan(hostvars=None, **job):
 
 def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job(monkeypatch):
     warm = schedule(warm_plan(), 4)["start"]
-    assert warm == {"warm": True, "module": "torch.distributed.run", "deadline": 64.0}
+    assert warm == {"warm": True, "module": "torch.distributed.run", "deadline": 64.0,
+                    "sample_every": 5.0}
     # Every launcher's module is the one its command line runs with -m.
     for launcher, module in (("accelerate", "accelerate.commands.launch"),
                              ("deepspeed", "deepspeed.launcher.launch")):
         assert schedule(warm_plan(launcher=launcher), 4)["start"] == {
-            "warm": True, "module": module, "deadline": 64.0}, launcher
+            "warm": True, "module": module, "deadline": 64.0, "sample_every": 5.0}, launcher
     monkeypatch.setattr(LAUNCHERS["deepspeed"], "WARM_MODULE", None)
     left_off = plan({"script": "train.py"}, GROUPS, {
         h: dict(hv, torchherd_torchrun_warm="false" if h == "n2" else "true")
@@ -235,7 +276,8 @@ def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job(monkeypat
                spawn="srun"), 4),
            "verify": schedule(warm_plan(), 4, playbook="verify")}
     for why, s in off.items():
-        assert s["start"] == {"warm": False, "module": None, "deadline": 64.0}, why
+        assert s["start"] == {"warm": False, "module": None, "deadline": 64.0,
+                              "sample_every": 5.0}, why
         assert s["why"]["start"].startswith("the launcher starts with the start: "), why
     assert "turned off (torchherd_torchrun_warm false)" in \
         off["a node leaves it off"]["why"]["start"]

@@ -246,3 +246,25 @@ def test_a_launcher_in_a_package_runs_without_runpys_warning(tmp_path, demo):
     said = log_text(paths)
     assert "imported_before True" in said, said
     assert "RuntimeWarning" not in said and "found in sys.modules" not in said, said
+
+
+def test_no_runpy_warning_in_the_log_and_the_jobs_own_warnings_stay(tmp_path, demo):
+    """torchrun is torch.distributed.run, a module of a package: run as __main__ after it was
+    imported ahead, runpy warns that it was found in sys.modules. A launcher started anew
+    prints no such line, and the warm one must not either; a RuntimeWarning of the job's own
+    still reaches the log."""
+    package = tmp_path / "lib" / "warmpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "run.py").write_text(
+        "import warnings\nif __name__ == '__main__':\n"
+        "    warnings.warn('the job says so', RuntimeWarning)\n", encoding="utf-8")
+    paths = run_paths(str(tmp_path), "r1")
+    os.makedirs(paths["dir"])
+    waiting(paths, demo, module="warmpkg.run")
+    proc, seen = claim(paths["dir"], [sys.executable, "-m", "warmpkg.run"], demo,
+                       str(tmp_path), paths["log"])
+    assert seen["used"] and proc.wait(20) == 0
+    text = log_text(paths)
+    assert "found in sys.modules" not in text, text
+    assert "RuntimeWarning: the job says so" in text, text

@@ -513,3 +513,60 @@ def test_a_node_outside_the_limit_keeps_its_last_entry_not_unknown(tmp_path):
     # Never summarized before: unknown all the same.
     assert summarize(str(tmp_path), plan(), asked, {}, not_asked=["n1", "n2"])["hosts"][
         "n1"]["state"] == "unknown"
+
+
+def test_the_nodes_use_is_summed_up_and_the_node_whose_gpus_sat_idle_is_named(tmp_path):
+    """n0 and n1 worked; n2's GPU sat idle for 25 s in the middle while theirs worked. The
+    summary takes every sample from the records collect brought back, or an answer's recent
+    samples where none came back (n1)."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils._use import add, brief
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import table
+
+    def use_of(utils):
+        use = {"every": 5.0, "gpus": [0], "memory_total_mib": 4096}
+        for i, util in enumerate(utils):
+            use = add(use, [100.0 + 5 * i, 1, 40.0, 1024.0, [[util, 2048.0 + i]]])
+        return use
+
+    busy = use_of([95.0] * 12)
+    idle = use_of([0.0 if 4 <= i <= 8 else 95.0 for i in range(12)])
+    for host, use in (("n0", busy), ("n2", idle)):
+        (tmp_path / "nodes" / host).mkdir(parents=True)
+        (tmp_path / "nodes" / host / RECORD).write_text(json.dumps({"use": use}))
+    results = {h: {"job_state": "succeeded", "exit_code": 0, "use": brief(u)}
+               for h, u in (("n0", busy), ("n1", busy), ("n2", idle))}
+    s = summarize(str(tmp_path), plan(), results, {})
+    assert s["idle_gpus"] == {"n2": 25.0}
+    gpu = s["hosts"]["n2"]["use"]["stats"]["gpus"][0]
+    assert gpu["peak_memory_mib"] == 2059.0 and round(gpu["mean_util"]) == 55
+    text = table(s)
+    assert "gpu 95% 2.0G" in text and "gpu 55% 2.0G" in text
+    assert "idle GPUs on n2: 25 s while the other nodes' GPUs worked" in text
+    # Nothing sampled (sample_interval 0): no column value, nobody named.
+    plain = summarize(str(tmp_path / "none"), plan(), {
+        h: {"job_state": "succeeded", "exit_code": 0} for h in ("n0", "n1", "n2")}, {})
+    assert plain["idle_gpus"] == {} and plain["hosts"]["n0"]["use"] is None
+
+
+def test_a_later_status_keeps_the_drivers_incidents(tmp_path):
+    """The driver adds its restarts' incidents to summary.json after its last launch (recorded
+    from a real restart on the local nodes: exception on rank 3, restart_on exception); status,
+    stop or collect write the summary again from the nodes, which know nothing of them."""
+    from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import write_summary
+
+    incident = {"at": 1795874641.8471513, "first_output_after": 10.723, "kind": "exception",
+                "node": None, "node_rank": 1, "replaced_by": None, "restart": 1,
+                "why": "node node1 (node_rank 1) rank 3: RuntimeError: injected failure on "
+                       "rank 3"}
+    done = {f"n{i}": {"job_state": "succeeded", "exit_code": 0} for i in range(3)}
+    first, _table, path = write_summary(str(tmp_path), plan(), done, {})
+    with open(path, encoding="utf-8") as handle:
+        summary = json.load(handle)
+    summary["incidents"] = [incident]
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(summary, handle)
+    again, _table, _path = write_summary(str(tmp_path), plan(), done, {})
+    assert again["incidents"] == [incident]
+    with open(path, encoding="utf-8") as handle:
+        assert json.load(handle)["incidents"] == [incident]
+    assert "incidents" not in first  # a run without restarts has none

@@ -27,6 +27,12 @@ options:
     description: Port to check for being free (the master port); 0 skips the check.
     type: int
     default: 0
+  pick_port:
+    description:
+      - Pick a free port (the master port of a job whose C(master_port) is C(auto)), returned
+        as RV(port_picked).
+    type: bool
+    default: false
   probe_timeout:
     description: Seconds allowed for importing torch in the job interpreter.
     type: float

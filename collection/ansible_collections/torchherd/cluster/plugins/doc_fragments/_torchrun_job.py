@@ -152,6 +152,15 @@ options:
     description: Longest wait in seconds for O(state=waiting).
     type: float
     default: 5
+  sample_every:
+    description:
+      - With O(state=started), seconds between two samples of the node's use while the
+        launcher runs - each GPU's utilization and memory (nvidia-smi's query, which opens no
+        CUDA context; none where the node has no nvidia-smi), the node's CPU and memory - kept
+        in the run-state record's C(use) section (at most 240 points, merged two into one when
+        full, and the last 3 samples as taken). 0 samples nothing.
+    type: float
+    default: 0
   grace:
     description: Seconds between SIGTERM and SIGKILL when stopping (for the workers; torchrun
       alone gets 2 s after its workers ended).
@@ -188,8 +197,17 @@ options:
         so that the caller can watch every node itself.
     type: bool
     default: false
+  lines:
+    description:
+      - With O(state=waiting), for a live view, the wait also returns once this many seconds
+        passed and a node's last line of the job changed since the wait began - with O(gang),
+        any node's of the gang (RV(nodes)), else this node's own (RV(last_line) the log's last
+        line); it looks four times a second. 0 waits for the job's end or O(wait_timeout)
+        alone.
+    type: float
+    default: 0
   meta:
-    description: Extra facts recorded in C(meta.json) (host, node_rank); returned by status.
+    description: Extra facts recorded in C(meta.json) (host, node_rank, name); returned by status.
     type: dict
     default: {}
   wrapper:

@@ -24,6 +24,9 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.network im
     chosen_interfaces,
 )
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.procs import resolve
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.running import (
+    with_master_port,
+)
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.table import (
     host_rows,
     render,
@@ -39,7 +42,7 @@ description:
   - Checks that every node answered, that the job interpreter runs and imports torch, that
     versions match across nodes, that rsync is there, that the master port is free on the master,
     that nccl jobs have GPUs and NCCL, that no two nodes share GPUs, that no other run with this
-    run id is alive, and resolves O(plan.nproc_per_node=auto).
+    run id is alive, and resolves O(plan.nproc_per_node=auto) and a master port of C(auto).
   - For nccl jobs, checks the GPUs each node's processes will use (free of other processes, an
     architecture the torch build has kernels for, a driver new enough for its CUDA, a compute
     mode that lets the job in), that NCCL tells the nodes apart, and the InfiniBand/RoCE ports;
@@ -110,6 +113,11 @@ _value:
     world_size:
       description: Total number of ranks, the sum of RV(nprocs).
       type: int
+    master_port:
+      description: The master port the launch uses - the job's C(master_port), or where it is
+        C(auto) the free port the master picked (RV(torchherd.cluster.node_facts#module:port_picked));
+        null where the master gave none.
+      type: int
     interfaces:
       description:
         - Host to the interface its job traffic uses (C(name), C(address), C(how)), from
@@ -155,6 +163,8 @@ def gate(hosts, hostvars, plan, match=None):
     counts and backend resolved from the facts."""
     job = plan["job"]
     facts, problems = answered(hosts, hostvars)
+    # Every check, and the start after them, sees the master port the launch uses.
+    plan = with_master_port(plan, facts)
     usable = {h: f for h, f in facts.items() if f["torch"].get("version")}
     run = Run(hosts=hosts, hostvars=hostvars, plan=plan, match=match, facts=facts, usable=usable,
               launcher=LAUNCHERS[job.get("launcher", "torchrun")],
@@ -195,6 +205,7 @@ def gate(hosts, hostvars, plan, match=None):
         "nproc_per_node": distinct.pop() if len(distinct) == 1 else None,
         "nprocs": run.nprocs,
         "world_size": sum(run.nprocs.values()),
+        "master_port": plan["master"]["port"],
         "interfaces": interfaces,
         "backend": run.backend,
         "interconnect": interconnect,

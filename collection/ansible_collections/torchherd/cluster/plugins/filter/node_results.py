@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ansible_collections.torchherd.cluster.plugins.filter.run_state import run_state
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import use_of
 
 DOCUMENTATION = r"""
 name: node_results
@@ -74,6 +75,10 @@ _value:
       word on it - C(used), C(pid), C(waited) (seconds the start waited for its imports),
       C(started_at), C(ready_at) (its imports done) and C(asked_at) (the start came to it),
       on the controller's clock; or C(why) not; null where the start did not look.
+    - C(use) - the node's use while the job ran, where the schedule sampled it
+      (C(start.sample_every)) - C(stats) (per GPU its C(mean_util) and C(peak_memory_mib), the
+      node's C(mean_cpu) and C(peak_memory_mib)), C(recent) (the last samples as taken), C(gpus),
+      C(every); null where nothing was sampled.
   type: dict
 """
 
@@ -144,6 +149,9 @@ def node_results(hosts, hostvars, nodes_dir=""):
                       for key in ("started_at", "output_at")}
             for attempt, times in _plain(job.get("attempts")).items()}
         entry["standby_used"] = _plain(job.get("standby")).get("used")
+        # The node's use while the job ran: the stats of its samples and the recent ones (the
+        # newest copy of its record: the one collect brought back keeps the whole course).
+        entry["use"] = use_of(_plain(states[host]["record"].get("use")))
         # Whether the launcher preflight started ahead ran the job (the schedule's start.warm),
         # and when it started, was done with its imports and was asked for the job.
         warm = dict(_plain(job.get("warm")))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.decisions import (
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.nodes import (
     Node,
     decide_node,
 )
@@ -23,7 +23,7 @@ description:
     whether its launcher was started ahead) or on what its start did (the rules it opened).
     Each is a function of the schedule (C(torchherd.cluster.schedule))
     and that node's values, in the same table as the schedule's own decisions
-    (C(plugin_utils/_schedule/decisions.py), C(NODE_DECISIONS)); the plays pass the node's
+    (C(plugin_utils/_schedule/nodes.py), C(NODE_DECISIONS)); the plays pass the node's
     values in and read the answer.
 positional: _input, node, facts, started
 options:

@@ -288,7 +288,7 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan.job import
     id_problems,
     job_name,
     launcher_problems,
-    master_port_problems,
+    master_port,
     normalize,
     script_path,
     secret_problems,
@@ -333,7 +333,7 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     # Hosts outside the limit are none of the plan's: ansible-playbook does not reach them.
     candidates = [name for name in group if name not in outside]
     addresses = node_addresses(candidates, hvs, problems)
-    problems += master_port_problems(merged)
+    port = master_port(merged, problems)
     nproc, nprocs = node_nprocs(merged, candidates, hvs, problems)
     master = choose_master(merged, nodes, problems)
     standbys = [n for n in standbys if n in nodes]
@@ -348,7 +348,6 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
     problems += bound_problems(merged)
     run_id = merged["run_id"] or run_id
     problems += id_problems(run_id, merged["name"])
-    port = merged["master_port"]
     firewalls = {h: firewall(h, hvs[h], merged, {n: addresses[n] for n in nodes}, master,
                              port, problems)
                  for h in candidates}
@@ -363,7 +362,8 @@ def plan(job, groups, hostvars, run_id="", playbook="launch", chosen=None, exclu
         raise AnsibleFilterError("torchherd plan: the job cannot start:\n  - "
                                  + "\n  - ".join(problems))
 
-    merged.update(name=job_name(merged, script), script=script, nproc_per_node=nproc)
+    merged.update(name=job_name(merged, script), script=script, nproc_per_node=nproc,
+                  master_port=port)
     hosts = Hosts(hvs, addresses, nprocs, firewalls, standbys)
     uniform = list(dict.fromkeys(nprocs[h] for h in nodes))
     return {

@@ -66,6 +66,8 @@ options:
         the job (the master alone, or a single node), one task per round. Where every node is
         watched, or under the hang watch, the rounds stay the job's C(watch_interval), as a
         round on every node costs the controller a task per node.
+      - That one wait also returns as soon as a node's last line changed, at most every
+        second (C(watch.lines)), so that a live view shows every node's line about 2 s behind.
     type: float
     default: 0
 """
@@ -94,6 +96,10 @@ _value:
     all_at_once:
       description: Whether a task runs on every node at once (forks at least the node count).
       type: bool
+    waves:
+      description: How many waves each task runs in - 1 with a worker per node, else the nodes
+        over the forks (the live view and the summary say that the launch ran in waves).
+      type: int
     forks_needed:
       description: What of this run needs every node at once (empty where nothing does).
       type: list
@@ -133,6 +139,11 @@ _value:
         deadline:
           description: Seconds a warm launcher waits for the start before it ends by itself.
           type: float
+        sample_every:
+          description: Seconds between two samples of each node's use (its GPUs' utilization
+            and memory, its CPU and memory) into its run record while the job runs, the job's
+            C(sample_interval); 0 where nothing is sampled.
+          type: float
     spawn:
       description: How each node's launcher is started, by host (the plan's nodes and spares) -
         C(ssh) (the node's supervisor runs it) or C(srun) (a step of the node's SLURM job; the
@@ -166,6 +177,11 @@ _value:
         round:
           description: Seconds one wait may last before it returns with the job still running
             (the job's C(watch_interval), shorter for O(progress_every)); 0 where it looks once.
+          type: float
+        lines:
+          description: Seconds after which the wait that speaks for the job (the master's for
+            its gang, or a single node's) also returns where a node's last line changed, for a
+            live view (O(progress_every), at most 1 s); 0 where the lines come with the rounds.
           type: float
         hang:
           description: Whether each wait also runs the hang watch (the job's C(hang_timeout),

@@ -15,13 +15,21 @@ too (static). Elastic jobs leave lost nodes to torchrun.
 Without restarts a node does not wait for its launcher's exit to say it failed: the moment one
 of its workers ends with an error, it says so (_supervisor's worker watch). torchrun takes
 0.5 s on an idle node to notice and end, and 10 s and more when every node's launcher handles
-the same failure at once on shared cores."""
+the same failure at once on shared cores.
+
+The links also carry each node's last line of the job to the master ("line NAME TEXT", a word
+older masters pass over), so that a live view learns every node's line from the master's
+record alone: a node says its line when it changed, at most once every LINE_EVERY s; the
+master keeps every node's latest and hands them on (its record's gang section) as often."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+
+from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import job_line
 
 STOP = "stop"
 EXIT = "exit"
@@ -29,6 +37,58 @@ EXIT = "exit"
 JOIN = "join"
 # The master's last word when it leaves with its job ended: its link closing is then no loss.
 BYE = "bye"
+# A node's last line of the job: "line NAME TEXT".
+LINE = "line"
+# How often, at most, a node says its line and the master hands the lines on: about a second
+# behind the job each, for a fraction of a core's time.
+LINE_EVERY = 1.0
+# How often a node looks whether its node log grew (a stat).
+LINE_LOOK = 0.25
+# The longest word a link reads at once (_Link.lines): a longer one would arrive in pieces.
+WORD_BYTES = 256
+
+
+def line_word(name, text):
+    """The word that says node `name`'s last line `text`, cut to fit one read of the link (its
+    newline included), never inside a character."""
+    word = f"{LINE} {name} {' '.join(str(text).split())}".encode(errors="replace")
+    return word[:WORD_BYTES - 1].decode(errors="ignore")
+
+
+def line_heard(name, text):
+    """`text` as the master hears it from node `name` (line_word's cut): the master's own line
+    is kept the same way."""
+    return line_word(name, text)[len(LINE) + len(name) + 2:]
+
+
+class _Follow:
+    """A node's last line of the job, looked for every LINE_LOOK s in its node log (read again
+    only where the log changed), said through `tell(text)` until `ended` is set."""
+
+    def __init__(self, log, tell, ended):
+        self.log, self.tell, self.ended = log, tell, ended
+        self.seen = None
+        self.latest = ""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def look(self):
+        """The node log's job line now (read again only where the log changed)."""
+        try:
+            found = os.stat(self.log)
+            seen = (found.st_size, found.st_mtime_ns)
+        except OSError:
+            seen = None
+        if seen is not None and seen != self.seen:
+            self.seen = seen
+            self.latest = job_line(self.log)
+        return self.latest
+
+    def _run(self):
+        while not self.ended.is_set():
+            # Told every look, also unchanged: a line held back by the pace goes out in time.
+            self.tell(self.look())
+            self.ended.wait(LINE_LOOK)
 
 
 class _Link:
@@ -80,9 +140,17 @@ class Master:
     `formed(joined, expected)` is called once no more links are taken: a gang that every node
     joined speaks for all of them (the controller may then watch the master alone)."""
 
-    def __init__(self, sock, expect, window, stop, elastic=False, formed=None):
+    def __init__(self, sock, expect, window, stop, elastic=False, formed=None, lines=None):
         self.sock, self.expect, self.stop, self.elastic = sock, expect, stop, elastic
         self.formed = formed
+        # Every node's last line as the master heard it: name -> {"last_line", "at"} (this
+        # node's clock), handed to `lines(nodes)` at most every LINE_EVERY s (see follow).
+        self.nodes = {}
+        self.publish = lines
+        self.heard = threading.Event()
+        self.ended = threading.Event()
+        self.publisher = None
+        self.follower = None
         self.deadline = time.monotonic() + window
         self.links = []
         self.failed = None
@@ -124,6 +192,8 @@ class Master:
             words = line.split()
             if len(words) == 2 and words[0] == JOIN:
                 name = words[1]
+            elif words[:1] == [LINE] and len(words) >= 2:
+                self.line(words[1], line.split(None, 2)[2] if len(words) > 2 else "")
             elif len(words) == 3 and words[0] == EXIT:
                 said = int(words[2]) if words[2].lstrip("-").isdigit() else 1
                 if said != 0:
@@ -135,6 +205,53 @@ class Master:
             if not self.elastic:
                 self.fail(f"{name or 'the node'} at {peer} was lost (its link closed without "
                           f"an exit)")
+
+    def line(self, name, text):
+        """Node `name`'s last line, as it said it (the publisher hands it on)."""
+        with self.lock:
+            if not text or (self.nodes.get(name) or {}).get("last_line") == text:
+                return
+            self.nodes[name] = {"last_line": text, "at": time.time()}
+        self.heard.set()
+
+    def follow(self, log, name):
+        """This node's own last line too, from its node `log`, and every node's handed on to
+        `lines` (the constructor's) until own_exit; without `lines`, nothing."""
+        if self.publish is None:
+            return
+        self.follower = _Follow(log, lambda text: self.line(name, line_heard(name, text)),
+                                self.ended)
+        self.publisher = threading.Thread(target=self._publish, daemon=True)
+        self.publisher.start()
+
+    def _publish(self):
+        while not self.ended.is_set():
+            self.heard.wait()
+            self.heard.clear()
+            self._hand_on()
+            self.ended.wait(LINE_EVERY)
+
+    def _hand_on(self):
+        """Every node's line as heard now, to `lines`, where any node said one."""
+        with self.lock:
+            nodes = {name: dict(said) for name, said in self.nodes.items()}
+        if not nodes:
+            return  # no node said a line: the record has none to keep
+        try:
+            self.publish(nodes)
+        except OSError:
+            pass  # a record not written now is written with the next line
+
+    def _last_lines(self, name):
+        """The lines as the job left them, handed on once more: this node's last look, and the
+        last words of the nodes whose links closed."""
+        if self.follower is None:
+            return
+        self.line(name, line_heard(name, self.follower.look()))
+        self.ended.set()
+        self.heard.set()
+        self.publisher.join(LINE_EVERY + 5)
+        self._hand_on()
 
     def fail(self, why, own=False):
         """Stop every node, once; this one too unless the failure is its own (`own`: its
@@ -165,6 +282,7 @@ class Master:
         deadline = None if linger is None else time.monotonic() + linger
         for reader in self.readers:
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._last_lines(name)
         for link in self.links:
             link.say(BYE)
             link.close()
@@ -177,8 +295,12 @@ class Member:
     def __init__(self, host, port, source, timeout, stop, name, elastic=False):
         self.stop, self.name, self.elastic = stop, name, elastic
         self.done = threading.Event()
+        self.ended = threading.Event()  # the launcher's end: no more lines
         self.link = None
         self.error = None
+        self.follower = None
+        self.said_line, self.said_at = None, 0.0
+        self.line_lock = threading.Lock()
         try:
             sock = socket.create_connection((host, port), timeout=timeout,
                                             source_address=(source, 0) if source else None)
@@ -203,6 +325,22 @@ class Member:
         if not self.done.is_set() and not self.elastic:
             self.stop("the master node was lost (its link closed)")
 
+    def follow(self, log):
+        """Say this node's last line of the job, from its node `log`, until own_exit."""
+        if self.link is not None:
+            self.follower = _Follow(log, self.line, self.ended)
+
+    def line(self, text, force=False):
+        """Say `text` as this node's last line where it changed, at most once every
+        LINE_EVERY s (`force`: now, as the launcher ends); whether it was said."""
+        with self.line_lock:  # the follower's look and the end's last one
+            now = time.monotonic()
+            if self.link is None or not text or text == self.said_line or (
+                    not force and now - self.said_at < LINE_EVERY):
+                return False
+            self.said_line, self.said_at = text, now
+        return self.link.say(line_word(self.name, text))
+
     def worker_failed(self, code, name):
         """A worker here ended with `code` while the launcher still runs: the master hears of
         it now (and stops the others); a stop it sends back is not for this node."""
@@ -212,6 +350,9 @@ class Member:
 
     def own_exit(self, code):
         self.done.set()
+        self.ended.set()
+        if self.follower is not None:
+            self.line(self.follower.look(), force=True)  # the job's last words, before its end
         if self.link is not None:
             self.link.say(f"{EXIT} {self.name} {code}")
             self.link.close()

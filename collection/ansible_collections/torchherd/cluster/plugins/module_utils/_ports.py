@@ -1,7 +1,8 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""The master port bound as a server binds it: checked free before a launch (node_facts) and
-listened on by the probe's listener (_probe)."""
+"""The master port bound as a server binds it: checked free before a launch, or picked free
+where the job's master_port is auto (node_facts), and listened on by the probe's listener
+(_probe)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,19 @@ def port_free(port):
         finally:
             sock.close()
     return True
+
+
+def pick_free(tries=5):
+    """A port free on every address of the node, as the kernel hands one out for port 0 (as
+    torch's own get_free_port does): the master port of a job whose master_port is auto, so
+    that users and checkouts of one machine each get their own. None where none was found."""
+    for _try in range(tries):
+        sock, _why = bind(0)
+        if sock is None:
+            return None
+        with sock:
+            port = sock.getsockname()[1]
+        # Free for the dual-stack socket; the job's launcher may bind IPv4 and IPv6 apart.
+        if port_free(port):
+            return port
+    return None

@@ -1,10 +1,12 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""What the kernel says of a process in /proc/<pid>/stat and /proc/<pid>/environ (see proc(5))."""
+"""What the kernel says of a process in /proc/<pid>/stat, /proc/<pid>/environ and
+/proc/<pid>/status (see proc(5))."""
 
 from __future__ import annotations
 
 import os
+import pwd
 
 
 def read_stat(pid):
@@ -45,3 +47,20 @@ def environs(skip=None):
                 yield int(entry), handle.read().split(b"\0")
         except OSError:
             continue
+
+
+def process_user(pid):
+    """The name of the user process `pid` runs as (its real uid, /proc/<pid>/status; the uid
+    itself where no name is known), or None where there is no such process to read (gone, or
+    in another pid namespace)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            uid = next((line.split()[1] for line in handle if line.startswith("Uid:")), None)
+    except (OSError, IndexError):
+        return None
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, ValueError):
+        return uid

@@ -268,6 +268,39 @@ def last_line(path):
     return lines[-1] if lines else ""
 
 
+# Lines in a node log that are not the job's own words, for its live line (job_line): the
+# supervisor's own ("torchherd: ..."), Python's warnings (the "UserWarning: ..." line and the
+# source line after it), glog-style lines of torch's C++ side, Python logging of
+# torch.distributed, and the launcher's logging (DeepSpeed's "[date] [INFO] [launch.py:..]").
+# The driver filters the lines it is given the same way (its progress view's _NOT_JOB): it
+# imports nothing from the collection.
+_NOT_JOB = re.compile(r"^torchherd: |\w*Warning: |^\s*warnings\.warn\(|^\[?[WIEF]\d{4} "
+                      r"|^(WARNING|INFO|DEBUG):torch\.|^\[[\d-]+ [\d:,.]+\] \[[A-Z]+\] ")
+# A rank's line as torchrun and accelerate tee it ("[default<local rank>]:").
+_RANK_PREFIX = re.compile(r"^\[default\d+\]:")
+
+
+def job_line(path):
+    """The job's own last words in a node log (its last 4 KiB), for a live view: the last line
+    a rank printed, else the last line that is neither the launcher's banner nor a warning or
+    log line of torch, the launcher or the supervisor (a DeepSpeed job's ranks print without a
+    prefix); "" where there is none."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            start = max(0, handle.tell() - 4096)
+            handle.seek(start)
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    if start:
+        lines = lines[1:]  # the window's first line may begin mid-line
+    kept = [ln.strip() for ln in lines if ln.strip() and not _BANNER.match(ln.strip())
+            and not _NOT_JOB.search(_RANK_PREFIX.sub("", ln.strip(), count=1))]
+    ranks = [ln for ln in kept if _RANK_PREFIX.match(ln)]
+    return (ranks or kept or [""])[-1]
+
+
 def stop_asked(paths):
     """Whether a stop of the job here began (the record's stopped_at)."""
     return recorded_job(paths["dir"]).get("stopped_at") is not None

@@ -15,7 +15,9 @@ Sections, and who writes them (nobody else does):
   The job's state on the node is derived from this section alone (job_state).
 - barrier: the start, where the barrier ran in its call, or the supervisor, where it ran in the
   background (where, go, and what the barrier saw: served, expect, error).
-- gang: the master's supervisor (joined, expected, lost, lost_at, error).
+- gang: the master's supervisor (joined, expected, lost, lost_at, error; lines, every node's
+  last line of the job as the gang heard it: name -> last_line, at, written at most once a
+  second while they change, see _gang).
 - firewall: the start where it opened the rules (opened_by "start", rules, backends:
   rules_opened), the supervisor or the wait that removed them (closed_by, changed, error:
   rules_closed). The firewall role's module (firewall_rules with run_dir) the same way, under
@@ -26,6 +28,9 @@ Sections, and who writes them (nobody else does):
   progress on its clock, quiet, quiet_for, noted_at; declared_at once the job was declared
   hung, which the `hung` file repeats: note_hang); the stop and the supervisor's end, for a
   declared hang no wait saw (declared_at: hang_seen).
+- use: the supervisor's samples of the node's GPUs, CPU and memory while the launcher runs,
+  at the schedule's start.sample_every (every, per, step, gpus, gpu_memory_total_mib,
+  memory_total_mib, points, recent: _use), bounded for a job of any length.
 
 Every write bumps `seq` (the controller takes the newest of the copies it has: the modules'
 answers and the file collect brings back; a whole-job restart's fresh record goes on from the
@@ -45,7 +50,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import w
 
 RECORD = "run.json"
 SCHEMA = 1
-SECTIONS = ("job", "barrier", "gang", "firewall", "hang")
+SECTIONS = ("job", "barrier", "gang", "firewall", "hang", "use")
 
 _THREADS = threading.Lock()
 

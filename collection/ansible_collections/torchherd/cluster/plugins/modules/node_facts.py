@@ -11,8 +11,8 @@ version_added: 0.1.0
 short_description: Gather what a torchrun launch needs to know about one node, in one round trip
 description:
   - Reports the job interpreter and its torch build (version, CUDA, NCCL, gloo, GPUs), the
-    node's host name and addresses, whether the master port is free, free disk at torchherd's
-    directory, and jobs of torchherd still running there.
+    node's host name and addresses, whether the master port is free (or a free port it picked),
+    free disk at torchherd's directory, and jobs of torchherd still running there.
   - Reports what NCCL and the GPUs need of the node as it is now - the processes holding its
     GPUs, the GPUs' modes and ECC state, Xid errors in the kernel log, the host identity NCCL
     uses, C(/dev/shm), the locked-memory limit, InfiniBand/RoCE ports - for the gate's checks.
@@ -156,6 +156,12 @@ port_free:
   returned: always
   type: bool
   sample: true
+port_picked:
+  description: With O(pick_port), a port free on every address of the node (the kernel's
+    pick for port 0); null otherwise, or where none could be bound.
+  returned: always
+  type: int
+  sample: 41873
 disk_free_bytes:
   description: Free bytes on the file system holding O(root).
   returned: always
@@ -273,7 +279,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._nodefiles impor
     code_on_node,
     free_disk,
 )
-from ansible_collections.torchherd.cluster.plugins.module_utils._ports import port_free
+from ansible_collections.torchherd.cluster.plugins.module_utils._ports import pick_free, port_free
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
@@ -284,6 +290,7 @@ ARGUMENT_SPEC = dict(
     python=dict(type="path", default=""),
     root=dict(type="path", required=True),
     port=dict(type="int", default=0),
+    pick_port=dict(type="bool", default=False),
     probe_timeout=dict(type="float", default=60),
     cache_seconds=dict(type="int", default=0),
     code_dir=dict(type="path", default=""),
@@ -347,6 +354,7 @@ def gather(p, check_mode):
         addresses=ifaces,
         interface=select(p["master_addr"], p["interface"], ifaces) if p["master_addr"] else None,
         port_free=port_free(p["port"]) if p["port"] else None,
+        port_picked=pick_free() if p["pick_port"] else None,
         disk_free_bytes=free_disk(root),
         rsync=shutil.which("rsync"),
         py_spy=py_spy_path(python),

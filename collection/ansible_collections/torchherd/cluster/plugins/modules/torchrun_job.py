@@ -159,6 +159,18 @@ gang_formed:
   returned: with O(gang), where RV(gang_complete) is false and the gang has formed
   type: dict
   sample: {"joined": 6, "expected": 7}
+nodes:
+  description:
+    - With O(gang), every node's last line of the job as the master's gang heard it, by the
+      node's name (its inventory name), this node's own among them - C(last_line), the job's
+      own words (a rank's line where one printed; not the launcher's banner, nor warnings and
+      log lines of torch, the launcher or the supervisor), and C(at), when the master heard it
+      (this node's clock). Each node says its line when it changed, at most once a second.
+    - Empty where no node of the gang said a line yet.
+  returned: with O(gang)
+  type: dict
+  sample: {"node0": {"last_line": "[default0]:step 40 loss 0.61", "at": 1763700009.8},
+           "node1": {"last_line": "[default0]:step 40 loss 0.60", "at": 1763700009.4}}
 activity:
   description:
     - With O(hang), the node's last progress (C(last), its clock, null before any), whether it
@@ -245,10 +257,14 @@ record:
     - C(job) (C(started_at), C(pid); C(first_output_at), the first output of a rank,
       C(exit_code), C(ended_at) from the supervisor;
       C(stopped_at), C(killed) from a stop), C(barrier) (C(where) it ran, C(go), what it saw),
-      C(gang) (on the master, C(joined), C(expected), C(lost)), C(firewall) (C(opened_by),
+      C(gang) (on the master, C(joined), C(expected), C(lost), C(lines) - see RV(nodes)),
+      C(firewall) (C(opened_by),
       C(rules); C(closed_by), C(error)), C(hang) (the hang watch's word - C(timeout),
       C(quiet_since), C(last), C(quiet), C(quiet_for), C(noted_at); C(declared_at) once the job
-      was declared hung).
+      was declared hung), C(use) (the samples of the node's use where O(sample_every) is set -
+      C(every), C(gpus), C(recent) (the last samples as taken) and C(stats) (per GPU its mean
+      utilization and peak memory, the node's mean CPU and peak memory); the record on the
+      node keeps the C(points) of the whole course, which this answer leaves out).
   returned: except with O(state=started) in check mode or where the start failed
   type: dict
   sample:
@@ -311,6 +327,7 @@ def main():
             timeout=dict(type="int", default=0),
             wait_timeout=dict(type="float", default=5),
             grace=dict(type="float", default=10),
+            sample_every=dict(type="float", default=0),
             meta=dict(type="dict", default={}),
             wrapper=dict(type="list", elements="str", default=[]),
             warm=dict(type="bool", default=False),
@@ -337,6 +354,7 @@ def main():
             )),
             firewall=dict(type="dict", options=dict(RULE_OPTIONS)),
             gang=dict(type="bool", default=False),
+            lines=dict(type="float", default=0),
             hang=dict(type="dict", options=dict(
                 timeout=dict(type="float", required=True),
                 quiet_since=dict(type="float", default=0),

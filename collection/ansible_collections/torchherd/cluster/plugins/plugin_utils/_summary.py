@@ -20,7 +20,11 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     last_line,
     recorded_job,
 )
-from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import ended_state
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import (
+    RECORD,
+    ended_state,
+)
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import compact, idle_spells
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause import (
     SECONDARY,
     failed_before_stop,
@@ -88,6 +92,8 @@ def _host_entry(run_dir, plan, node, res, previous):
         "failing_rank": None, "exception": None, "traceback": None,
         # What the launch's sync sent to the node (status and collect keep the launch's).
         "sync": res.get("sync") or (previous or {}).get("sync"),
+        # Its GPUs, CPU and memory while the job ran (the schedule's start.sample_every).
+        "use": res.get("use") or (previous or {}).get("use"),
     }
     if state == "running":
         # The node's run directory, fetched after this result, may know better: a job
@@ -111,6 +117,16 @@ def _host_entry(run_dir, plan, node, res, previous):
     if state in _BAD:
         entry.update(failure_of(node_dir))
     return entry
+
+
+def _idle_gpus(run_dir, hosts):
+    """{host: its longest spell of idle GPUs while another node's worked, in seconds}, from
+    every sample its record kept (collect brought it back) or else the recent ones."""
+    series = {}
+    for host, h in hosts.items():
+        kept = read_json(os.path.join(run_dir, "nodes", host, RECORD)) or {}
+        series[host] = (kept.get("use") or {}).get("points") or (h.get("use") or {}).get("recent") or []
+    return idle_spells(series)
 
 
 def _waited(hosts):
@@ -213,6 +229,7 @@ def summarize(run_dir, plan, results, marks, previous=None, not_asked=()):
         entry = _host_entry(run_dir, plan, node, results.get(host, {}), previous.get(host))
         hosts[host] = newer(previous.get(host), entry)
     hang = hang_of(run_dir)
+    idle = _idle_gpus(run_dir, hosts)
     overall, reason, cause = _verdict(plan, hosts, hang)
     job = plan.get("job") or {}
     return {
@@ -226,6 +243,9 @@ def summarize(run_dir, plan, results, marks, previous=None, not_asked=()):
         "timings": _timings(plan, marks, results, hosts),
         "hosts": hosts,
         "sync": _sync_total(hosts), "hang": hang,
+        # The nodes whose GPUs sat idle while the others' worked, and their longest such spell
+        # in seconds: a straggler or a stuck rank.
+        "idle_gpus": idle,
         # The interconnect check of this run (or the measure it reused), without every node's
         # raw result (preflight.json has those).
         "interconnect": {k: v for k, v in (plan.get("interconnect") or {}).items()
@@ -328,16 +348,19 @@ def merge_logs(run_dir, plan, out_path):
 
 
 def table(summary):
-    rows = [["node", "rank", "state", "exit", "logs", "last line / error"]]
+    rows = [["node", "rank", "state", "exit", "logs", "use", "last line / error"]]
     for name, h in summary["hosts"].items():
         note = h["exception"] or h["error"] or h["last_line"]
         rows.append([name, str(h["node_rank"]) + (" (standby)" if h.get("standby") else ""),
                      h["state"],
                      "-" if h["exit_code"] is None else str(h["exit_code"]),
-                     "yes" if h["logs_fetched"] else "no", (note or "")[:100]])
+                     "yes" if h["logs_fetched"] else "no",
+                     compact((h.get("use") or {}).get("stats") or {}) or "-", (note or "")[:100]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
     lines += [f"left out {host}: {why}" for host, why in (summary.get("left_out") or {}).items()]
+    lines += [f"idle GPUs on {host}: {seconds:g} s while the other nodes' GPUs worked (a straggler "
+              f"or a stuck rank there?)" for host, seconds in (summary.get("idle_gpus") or {}).items()]
     lines.append(f"run {summary['run_id']}: {summary['state']} ({summary['reason']})")
     return "\n".join(lines)
 
@@ -352,10 +375,16 @@ def write_summary(run_dir, plan, results, marks, not_asked=()):
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             with open(path, encoding="utf-8") as handle:
-                previous = json.load(handle).get("hosts") or {}
+                earlier = json.load(handle)
         except (OSError, ValueError):
-            previous = {}
-        summary = summarize(run_dir, plan, results, marks, previous, not_asked)
+            earlier = {}
+        summary = summarize(run_dir, plan, results, marks, earlier.get("hosts") or {},
+                            not_asked)
+        # The driver's whole-job restarts, which it adds once its last launch wrote the summary:
+        # the record of the run, kept by a later status, stop or collect (the nodes know
+        # nothing of them). A job whose restarts are torchrun's has its own from the nodes.
+        if "incidents" not in summary and earlier.get("incidents"):
+            summary["incidents"] = earlier["incidents"]
         merged = os.path.join(run_dir, "merged.log")
         summary["merged_log"] = merged if merge_logs(run_dir, plan, merged) else None
         write_atomic(path, json.dumps(summary, indent=2, sort_keys=True))

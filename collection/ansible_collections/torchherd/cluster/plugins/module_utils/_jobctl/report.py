@@ -14,6 +14,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     recorded_job,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import brief
 
 
 def report(paths, changed=False, **extra):
@@ -29,4 +30,12 @@ def report(paths, changed=False, **extra):
                 exit_code=state["exit_code"], run_dir=paths["dir"], log=paths["log"],
                 last_line=last_line(paths["log"]), meta=meta,
                 started_at=meta.get("started_at"), ended_at=meta.get("ended_at"),
-                checked_at=time.time(), record=read_record(paths), **extra)
+                checked_at=time.time(), record=_answered(read_record(paths)), **extra)
+
+
+def _answered(record):
+    """The record as the answer carries it: the samples' points stay on the node (collect
+    brings them back), their recent ones and stats come (_use.brief)."""
+    if record.get("use"):
+        record = dict(record, use=brief(record["use"]))
+    return record

@@ -1,8 +1,9 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """The torchrun_job module's state=waiting: wait for the job's end on this node (or on every
-node of the master's gang), the timeout, or a change in the node's activity (the hang watch);
-once the job has ended here, remove the run's firewall rules in the same call."""
+node of the master's gang), the timeout, a change in the node's activity (the hang watch), or
+(for a live view) a change in the nodes' last lines; once the job has ended here, remove the
+run's firewall rules in the same call."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.report import report
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
+    job_line,
     last_activity,
     read_state,
     sleep_until_gone,
@@ -28,12 +30,22 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 
+# How often a wait for the nodes' lines looks at them (the record, or this node's log).
+LINES_LOOK = 0.25
+
 
 def wait(module, p, paths, timeout):
     """Wait until the job ends here (with p.gang: on every node of the master's gang), the
-    timeout passes or, with p.hang, the node's activity changes; the result's fields."""
-    deadline = time.monotonic() + timeout
+    timeout passes, with p.hang the node's activity changes or, with p.lines, p.lines seconds
+    passed and the nodes' last lines changed since the wait began; the result's fields."""
+    began = time.monotonic()
+    deadline = began + timeout
     hang = p["hang"]
+    lines = p.get("lines") or 0
+    # The lines as the wait begins stand for those the last wait returned: a line that changed
+    # in between (the answer's way back and the next call, a fraction of a second) shows with
+    # the next change, or at the round's end.
+    told = _lines(paths, p["gang"]) if lines else None
     formed = None
     while True:
         left = deadline - time.monotonic()
@@ -51,20 +63,24 @@ def wait(module, p, paths, timeout):
                 continue
             if formed.get("joined", 0) < formed.get("expected", 1):
                 break
-        # Watching for a hang looks at the node's output every second (a stat or two).
-        sleep_until_gone(paths, min(left, 1.0 if hang else 30.0))
+        if _lines_news(paths, p, began, told):
+            break
+        # Watching for a hang looks at the node's output every second (a stat or two), for
+        # the lines a read of the record (or of the log's tail) four times a second.
+        sleep_until_gone(paths, min(left, LINES_LOOK if lines else 1.0 if hang else 30.0))
     extra = {}
     if p["gang"]:
         formed = formed or _gang(paths)
         extra["gang_complete"] = bool(formed) and formed.get("joined", 0) >= formed.get("expected", 1)
         if formed and not extra["gang_complete"]:
             extra["gang_formed"] = formed
-    # The gang's end: on the master, its supervisor stays until every node's launcher ended.
+    # The gang's end: on the master, its supervisor stays until every node's launcher ended
+    # (the other nodes' lines still come while it waits).
     while p["gang"] and extra["gang_complete"] and state != "running" and supervisor_alive(paths):
         left = deadline - time.monotonic()
-        if left <= 0:
+        if left <= 0 or _lines_news(paths, p, began, told):
             break
-        sleep_until_gone(paths, min(left, 30.0), which="supervisor")
+        sleep_until_gone(paths, min(left, LINES_LOOK if lines else 30.0), which="supervisor")
     if p["gang"]:
         extra["gang_ended"] = (extra["gang_complete"] and state != "running"
                                and not supervisor_alive(paths))
@@ -72,6 +88,8 @@ def wait(module, p, paths, timeout):
         # does not try them again.
         extra["gang_lost"] = ((_gang(paths) or {}).get("lost") or []
                               if extra["gang_ended"] else [])
+        # Every node's last line as the master heard it (after the gang's end: the last words).
+        extra["nodes"] = _lines(paths, True)
         if not extra["gang_ended"]:
             state = "running"  # for the rules below: the job is not over everywhere yet
     if hang:
@@ -118,6 +136,21 @@ def _activity(module, paths, hang):
         except OSError as exc:  # the answer still carries the word: the watch goes on
             module.warn(f"the hang watch's word was not written to the run's record: {exc}")
     return activity
+
+
+def _lines_news(paths, p, began, told):
+    """Whether the wait must return for a live view (p.lines): its seconds passed since the
+    wait `began` and the lines are no longer those it was `told` at its start."""
+    return bool(p.get("lines")) and time.monotonic() - began >= p["lines"] \
+        and _lines(paths, p["gang"]) != told
+
+
+def _lines(paths, gang):
+    """The nodes' last lines: with the gang, every node's as the master's record keeps them
+    (name -> last_line, at); else this node's own."""
+    if gang:
+        return dict(read_record(paths)["gang"].get("lines") or {})
+    return job_line(paths["log"])
 
 
 def _gang(paths):

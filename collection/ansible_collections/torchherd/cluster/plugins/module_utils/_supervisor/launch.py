@@ -80,7 +80,8 @@ def spawn(p, paths, argv, environ, gang=None, close=None):
                       dict(close, run_id=p["run_id"]) if close else None,
                       LAUNCHERS[p["launcher"]].rank_logs(p), secrets,
                       restarts=p["max_restarts"] > 0,
-                      warm=bool(p.get("warm")) and not p["wrapper"] and not p.get("container"))
+                      warm=bool(p.get("warm")) and not p["wrapper"] and not p.get("container"),
+                      sample_every=float(p.get("sample_every") or 0))
         os._exit(0)
     os.waitpid(first, 0)
     if gang and gang.get("sock") is not None:

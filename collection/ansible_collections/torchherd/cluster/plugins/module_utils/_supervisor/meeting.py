@@ -71,11 +71,16 @@ def gang_formed(paths, joined, expected, error=None, lost=None, lost_at=None):
 
 def join(m, sock, port, stop, paths):
     """This node's place in the gang once the barrier said go: the master answers on `sock`,
-    every other node connects to `port` (None: the master has no gang, nor has this node)."""
+    every other node connects to `port` (None: the master has no gang, nor has this node).
+    Every node of the gang follows its node log and says its last line of the job; the master
+    keeps every node's in its record (the gang section's lines), for a live view."""
     if m["listen"]:
         # Every other node connects within the barrier's own time, and then some.
-        return Master(sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
-                      m["elastic"], lambda joined, expected: gang_formed(paths, joined, expected))
+        gang = Master(sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
+                      m["elastic"], lambda joined, expected: gang_formed(paths, joined, expected),
+                      lines=lambda nodes: record(paths, "gang", lines=nodes))
+        gang.follow(paths["log"], m["name"])
+        return gang
     if not port:
         return None
     gang = Member(m["master_addr"], port, m["source"], m["timeout"], stop, m["name"],
@@ -83,4 +88,5 @@ def join(m, sock, port, stop, paths):
     if gang.error:
         say(f"{gang.error}; this node goes on without the gang (the controller's watch "
             f"still stops it after a failure elsewhere)")
+    gang.follow(paths["log"])
     return gang

@@ -31,6 +31,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.outp
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.standby import (
     wait_standby,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import Sampler
 from ansible_collections.torchherd.cluster.plugins.module_utils._warm import claim
 from ansible_collections.torchherd.cluster.plugins.module_utils._workers import (
     WORKER_WATCH,
@@ -43,12 +44,14 @@ class CalledOff(Exception):
 
 
 def supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, rank_logs=True,
-              stdin=None, restarts=False, warm=False):
+              stdin=None, restarts=False, warm=False, sample_every=0.0):
     """Runs in the detached grandchild: (the barrier and the gang, in the background), start
     torchrun, wait, (remove the firewall rules the start opened), write the exit code.
     `stdin`: what the launcher reads first on its standard input (the secrets, for a launcher
     in the job's image), else it reads nothing. `warm`: the launcher may have been started
-    ahead (_warm): it is handed the start, else (none there) started anew."""
+    ahead (_warm): it is handed the start, else (none there) started anew. `sample_every`:
+    seconds between two samples of the node's use into the record while the launcher runs
+    (_use; 0: none)."""
     met = _detach(paths, meeting)
     # From here file descriptor 1 is the node log, no longer the module's result (see say).
     code = 127
@@ -83,6 +86,9 @@ def supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, r
             proc, paths, paths["torchrun_logs"] if rank_logs else None, said_before),
             kwargs={"attempts": restarts})
         running["first_output"].start()
+        if sample_every > 0:
+            running["sampler"] = Sampler(
+                sample_every, lambda use: record(paths, "use", **use)).start()
         # (pidfd: Linux 5.3 and Python 3.9; elsewhere the launcher's exit tells the gang.)
         if gang is not None and meeting.get("watch_workers") and WORKER_WATCH:
             threading.Thread(target=watch_workers, daemon=True,
@@ -99,6 +105,8 @@ def supervise(argv, env, cwd, paths, timeout, grace, meeting=None, close=None, r
         say(f"cannot start torchrun: {exc}")
         _launcher_is(paths, os.getpid())
     finally:
+        if running.get("sampler") is not None:
+            running["sampler"].stop()
         finish(paths, code, running, gang, meeting, warm, close)
         os._exit(0)
 

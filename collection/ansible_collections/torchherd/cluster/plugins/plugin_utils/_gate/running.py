@@ -1,7 +1,7 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """What already runs on the nodes in the job's way: a run of its run id, a listener on the
-master port."""
+master port; and the master port of a job that lets the master pick it (auto)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,34 @@ def run_id_free(host, f, plan):
             if posixpath.normpath(run_dir) == own]
 
 
+def with_master_port(plan, facts):
+    """The plan with its master port as the launch uses it: the job's own, or where the job
+    says auto, the free port the master picked in preflight (its facts' port_picked; None
+    until it answered)."""
+    master = plan["master"]
+    if master["port"] != "auto":
+        return plan
+    picked = (facts.get(master["host"]) or {}).get("port_picked")
+    return {**plan, "master": {**master, "port": picked}}
+
+
 def master_port(facts, plan):
+    """The master port free on the master: the job's, checked; or one the master picked."""
     master = plan["master"]["host"]
-    if master not in facts or facts[master].get("port_free") is not False:
+    if master not in facts:
+        return []
+    if plan["master"]["port"] is None:
+        return [problem(master, "master port", "a free port picked on the master "
+                        "(master_port auto)", "none could be bound",
+                        "free ports on the master (ss -ltn lists those in use), or set "
+                        "torchherd_job.master_port to a free port")]
+    if facts[master].get("port_free") is not False:
         return []
     return [problem(master, "master port", f"port {plan['master']['port']} free on the master",
                     "in use by another process",
-                    "stop what listens there (ss -ltnp sport = :PORT) or set "
-                    "torchherd_job.master_port to a free port")]
+                    "stop what listens there (ss -ltnp sport = :PORT), set "
+                    "torchherd_job.master_port to a free port, or to auto (a free one picked "
+                    "on the master)")]
 
 
 def checks(run):

@@ -41,4 +41,10 @@ def firewall_port_problems(nodes, master, firewalls):
                 "(net.ipv4.ip_local_port_range on every node) and list it in "
                 "firewall_ports, or use firewall_mode members (see the firewall "
                 "role's README.md)"]
+    # The rules are the plan's, and a port the master picks in preflight is none of it.
+    if any(f["enabled"] and f["mode"] == "ports" and "auto" in f["ports"]
+           for f in firewalls.values()):
+        return [f"job.master_port: expected a port number with firewall_mode ports (its rules "
+                f"let the master port in on {master}), found auto; fix: give master_port a "
+                f"free port, or use firewall_mode members"]
     return []

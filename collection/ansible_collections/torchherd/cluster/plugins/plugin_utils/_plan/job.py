@@ -92,12 +92,20 @@ def script_path(job, playbook, problems):
     return inside
 
 
-def master_port_problems(job):
+def master_port(job, problems):
+    """The job's master port: an integer in 1..65535 (YAML's or a flag's text of one too), or
+    auto, which the master resolves in preflight (a free port it picks: the gate's
+    master_port)."""
     port = job["master_port"]
-    if 1 <= port <= 65535:
-        return []
-    return [f"job.master_port: expected an integer in 1..65535, found {port!r}; fix: set "
-            f"torchherd_job.master_port (torchrun's default is 29500)"]
+    if port == "auto":
+        return port
+    text = str(port).strip()
+    if not isinstance(port, bool) and text.isdigit() and 1 <= int(text) <= 65535:
+        return int(text)
+    problems.append(f"job.master_port: expected an integer in 1..65535 or 'auto', found {port!r}; "
+                    f"fix: set torchherd_job.master_port (torchrun's default is 29500; auto "
+                    f"picks a free one on the master)")
+    return port
 
 
 def launcher_problems(job, nprocs):
@@ -122,6 +130,9 @@ def bound_problems(job):
                      ("hang_timeout", 0), ("interconnect_max_age", 0)):
         if job[key] < low:
             problems.append(f"job.{key}: expected an integer >= {low}, found {job[key]!r}")
+    if job.get("sample_interval", 5) < 0:
+        problems.append(f"job.sample_interval: expected a number of seconds >= 0 (0: no "
+                        f"samples), found {job['sample_interval']!r}")
     for key in ("probe_timeout", "probe_window"):
         if job[key] <= 0:
             problems.append(f"job.{key}: expected a number of seconds > 0, found {job[key]!r}")

@@ -24,6 +24,10 @@ FREE = "ansible.builtin.free"
 # node; a standby loses nothing by waiting.
 STANDBY_DELAY = 10.0
 
+# How often, at most, the wait that speaks for the job returns with changed lines for a live
+# view: with the nodes' own pace (a line a second, _gang) a line reaches the view in about 2 s.
+LINES_EVERY = 1.0
+
 
 class Launch(NamedTuple):
     """What the decisions are made from."""
@@ -69,6 +73,19 @@ def forks(c, s):
 def all_at_once(c, s):
     """One task runs on every node at once where the forks are at least the nodes."""
     return c.forks >= len(c.hosts), None
+
+
+def waves(c, s):
+    """How many waves each task of the launch runs in: one where there is a worker per node,
+    else the nodes over the forks (the caller's Ansible configuration set fewer; the driver
+    gives one per node up to its bound where it sets none). The live view and the summary say
+    so."""
+    n, forks = len(c.hosts), max(1, int(c.forks or 1))
+    count = -(-n // forks)
+    if count <= 1:
+        return 1, f"one worker per node ({forks} forks for {n} nodes)"
+    return count, (f"{forks} forks for {n} nodes: each task runs in {count} waves (forks of the "
+                   f"Ansible configuration; at least {n} runs every node at once)")
 
 
 def forks_needed(c, s):
@@ -158,6 +175,17 @@ def start(c, s):
         f"starts anew); unclaimed, it ends after {value['deadline']:g} s")
 
 
+def sample_every(c, s):
+    """Each node's supervisor samples the node's GPUs (nvidia-smi's query, no CUDA context), CPU
+    and memory at the job's sample_interval into the node's run record while the job runs,
+    detached or not (the live view, status and the summary read them there); 0 turns it off."""
+    every = float(c.job.get("sample_interval", 5) or 0)
+    if every <= 0:
+        return 0.0, "the job's sample_interval is 0: the nodes' use is not sampled"
+    return every, (f"every {every:g} s each node's supervisor samples its GPUs, CPU and memory "
+                   "into its run record while the job runs (the job's sample_interval)")
+
+
 def spawn(c, s):
     """How each node's launcher is started, by host (the plan's nodes and spares): ssh, the
     supervisor runs it itself; srun, as a step of the node's SLURM job, which SLURM accounts
@@ -239,6 +267,28 @@ def watch_round(c, s):
     return interval, "the job's watch_interval" + (
         " (a live view's rounds on every node would cost a task per node each)"
         if live > 0 and interval > live else "")
+
+
+def watch_lines(c, s):
+    """Where a live view asked for word (progress_every) and one wait speaks for the job (the
+    master's for its gang, or a single node's), that wait also returns as soon as a node's last
+    line of the job changed, at most once a second (or at the view's own interval, where
+    shorter): each node says its line to the master at most once a second (_gang), so a line
+    is a second or two old in the view. Where every node is watched, or the job is detached,
+    the lines come with the rounds."""
+    live = c.progress_every
+    if live <= 0:
+        return 0.0, "no live view asked for word: the lines come with the rounds"
+    if c.detach:
+        return 0.0, "detached: the watch looks once"
+    if len(s["watch"]["hosts"]) != 1:
+        return 0.0, ("every node is watched: a wait returning for its lines would cost a task "
+                     "per node each time; the lines come with the rounds")
+    every = min(live, LINES_EVERY)
+    whose = "every node's, as the master's gang hands them on" if s["watch"]["master_alone"] \
+        else "the node's"
+    return every, (f"a live view asked for word and one wait speaks for the job: it also returns "
+                   f"when a last line changed ({whose}), at most every {every:g} s")
 
 
 def watch_hang(c, s):
@@ -342,15 +392,18 @@ DECISIONS = (
     ("nodes", nodes, None),
     ("forks", forks, None),
     ("all_at_once", all_at_once, None),
+    ("waves", waves, "waves"),
     ("forks_needed", forks_needed, None),
     ("forks_ok", forks_ok, None),
     ("barrier", barrier, "barrier"),
     ("gang", gang, None),
     ("firewall", firewall, "firewall"),
     ("start", start, "start"),
+    ("start.sample_every", sample_every, "sample"),
     ("spawn", spawn, "spawn"),
     ("watch", watch, "watch"),
     ("watch.round", watch_round, "round"),
+    ("watch.lines", watch_lines, "lines"),
     ("watch.hang", watch_hang, "hang"),
     ("watch.lost_fails", watch_lost_fails, "lost_fails"),
     ("teardown", teardown, "teardown"),
@@ -371,86 +424,3 @@ def decide(c):
             why[why_key] = reason
     s["why"] = why
     return s
-
-
-# --- each node's part, once preflight has read it ------------------------------------------------
-# What the launch's schedule leaves to a node's own facts: whether its job runs as root (its
-# euid), whether its launcher was started ahead, what its start opened. Each is decided here, by
-# the schedule's answer and that node's facts, never in a task file.
-
-
-class Node(NamedTuple):
-    """One node as the decisions below see it."""
-
-    entry: dict  # the plan's entry of the node (torchherd_node)
-    facts: dict  # preflight's facts of the node (torchherd_facts), empty before
-    started: dict  # the start's answer on the node (torchherd_start), empty before
-
-
-def node_firewall(s, n):
-    """Who opens the node's rules: none where the plan gives it no firewall; the start, in its
-    own round trip before the barrier, where the schedule lets it (firewall.start_opens) and the
-    node's facts say the job runs as root (euid 0: no become to ask for); elsewhere the firewall
-    role, before the start (under become where the node's firewall says so)."""
-    if not (n.entry.get("firewall") or {}).get("enabled"):
-        return "none", "the plan gives the node no firewall"
-    if not s["firewall"]["start_opens"]:
-        return "role", "the schedule has the firewall role open the rules before the start"
-    if n.facts.get("euid") == 0:
-        return "start", "the job runs as root here: the start opens the rules in its round trip"
-    return "role", ("the job does not run as root here (euid "
-                    f"{n.facts.get('euid', 'unknown')}): the firewall role opens the rules")
-
-
-def node_start_ahead(s, n):
-    """Preflight's facts call starts the node's launcher ahead where the schedule's start.warm
-    holds, the node is one of the job's (a spare's turn is known only after preflight) and its
-    launcher is spawned over ssh (under srun, a step of the node's SLURM job starts it)."""
-    if not s["start"]["warm"]:
-        return False, "the schedule starts no launcher ahead"
-    if n.entry.get("node_rank") is None:
-        return False, "a spare: whether it takes part is known only after preflight"
-    spawn = s["spawn"].get(n.entry.get("host"), "ssh")
-    if spawn != "ssh":
-        return False, f"spawn {spawn}: the launcher starts as a step of the node's job"
-    return True, "one of the job's nodes, spawned over ssh: its launcher starts in the facts call"
-
-
-def node_warm(s, n):
-    """The start hands the job to the launcher preflight started ahead on the node where one
-    started there (its facts say so) and the node's launcher is spawned over ssh; under srun, a
-    step of the node's SLURM job starts it anew."""
-    started = bool((n.facts.get("warm") or {}).get("started"))
-    spawn = s["spawn"].get(n.entry.get("host"), "ssh")
-    if not started:
-        return False, "no launcher was started ahead on the node"
-    if spawn != "ssh":
-        return False, f"spawn {spawn}: the launcher starts anew as a step of the node's job"
-    return True, "the launcher started ahead on the node is handed the job"
-
-
-def node_wait_closes(s, n):
-    """A wait that sees the job end on the node removes the rules its start opened (the start's
-    answer names them), with the firewall's own code: no teardown round trip for them."""
-    rules = (n.started.get("firewall") or {}).get("rules") or []
-    if rules:
-        return True, f"the start opened {len(rules)} rule(s) here: the wait that sees the end removes them"
-    return False, "the start opened no rule here"
-
-
-# (the node schedule's entry, the decision). In the order they are made.
-NODE_DECISIONS = (
-    ("start_ahead", node_start_ahead),
-    ("firewall", node_firewall),
-    ("warm", node_warm),
-    ("wait_closes", node_wait_closes),
-)
-
-
-def decide_node(s, n):
-    """Each decision of NODE_DECISIONS for node ``n`` under schedule ``s``, with its reasons."""
-    out, why = {}, {}
-    for key, decision in NODE_DECISIONS:
-        out[key], why[key] = decision(s, n)
-    out["why"] = why
-    return out
