@@ -80,6 +80,7 @@ class Row:
     started: float | None = None  # controller time the job was first seen running here
     ended: float | None = None  # controller time it was first seen ended
     rank_line: bool = False  # the note is a line a rank printed
+    use: str = ""  # the node's last sample of its use, as the node put it in a cell
 
 
 def job_line(line: LogLine) -> bool:
@@ -311,6 +312,9 @@ class Progress:
             line = res.get("last_line") or ""
             note = self._running_note(host, line) if state == "running" \
                 else self._note(host, line)
+            used = ((res.get("record") or {}).get("use") or {}).get("now")
+            if isinstance(used, str) and used:
+                self._row(host).use = used
             said = _some(self._set(host, phase, state, note))
             # The wait's own node: its log's last line, read as it returned, is the newer.
             self._gang_lines(res.get("nodes"), host if note is not None else None)
@@ -343,6 +347,8 @@ class Progress:
             row = self.rows.get(host)
             if host == own or row is None or row.state != "running" or not isinstance(said, dict):
                 continue
+            if isinstance(said.get("use"), str) and said["use"]:
+                row.use = said["use"]
             note = self._running_note(host, str(said.get("last_line") or ""))
             if note is not None:
                 row.note = note
@@ -415,10 +421,16 @@ class Progress:
         with self._lock:
             table = Table(title=f"{self.title}: {self.phase}  {elapsed(now - self.began)}",
                           title_justify="left")
-            for col in ("node", "rank", "phase", "state", "elapsed", "last line"):
+            # The use column once a node's use was sampled (its GPUs, else its CPU and memory).
+            used = any(row.use for row in self.rows.values())
+            for col in ("node", "rank", "phase", "state", "elapsed", *(("use",) if used else ()),
+                        "last line"):
                 table.add_column(col, overflow="ellipsis", no_wrap=True)
             for host, row in self.rows.items():
-                table.add_row(*row_cells(host, row, now))
+                cells = row_cells(host, row, now)
+                if used:
+                    cells.insert(5, escape(row.use))
+                table.add_row(*cells)
         return table
 
 

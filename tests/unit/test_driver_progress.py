@@ -438,6 +438,20 @@ def test_the_masters_wait_gives_every_node_its_own_last_line(events):
     console.print(progress.table(now=40.0))
     text = console.export_text()
     assert "r1: step 4" in text and "r2: step 5" in text and text.count("30s") == 2
+    assert " use " not in text  # nothing sampled yet: no column
+    # Each node's use rides beside its line (its last sample's cell); the master's own answer
+    # carries its record's too.
+    retry = copy.deepcopy(wait)
+    retry["event_data"]["res"].update(
+        job_state="running", last_line="", gang_complete=True, gang_ended=False,
+        record={"use": {"now": "gpu 97% 39.3G"}},
+        nodes={"n1": {"last_line": "[default0]:step 7", "at": 2.0, "use": "gpu 3% 1.0G"}})
+    progress.update(retry, now=41.0)
+    assert [progress.rows[h].use for h in NODES] == ["gpu 97% 39.3G", "gpu 3% 1.0G"]
+    console = Console(width=160, record=True)
+    console.print(progress.table(now=42.0))
+    text = console.export_text()
+    assert " use " in text and "gpu 97% 39.3G" in text and "gpu 3% 1.0G" in text
 
 
 def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():

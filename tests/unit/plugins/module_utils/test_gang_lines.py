@@ -149,3 +149,35 @@ def test_a_gang_that_says_no_line_hands_nothing_on(tmp_path):
     quiet.follow(str(tmp_path / "n0.log"), "n0")
     assert quiet.follower is None
     quiet.own_exit(0, "n0", linger=1)
+
+
+def test_every_nodes_use_reaches_the_masters_record_and_stops_nobody(tmp_path):
+    """Each node's last sample (the cell of its record's use) rides its link beside its line;
+    a cell that reads like a word of the gang stops nobody."""
+    sock, error = bind(0)
+    assert sock is not None, error
+    handed, stops = Handed(), [Stops(), Stops()]
+    master = Master(sock, 1, 10, stops[0], lines=handed)
+    logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
+    for log in logs:
+        log.write_text("torchherd: started\n")
+    cells = {"n0": "gpu 97% 39.3G", "n1": "cpu 42% 3.0G"}
+    master.follow(str(logs[0]), "n0", use=lambda: cells["n0"])
+    node = Member("127.0.0.1", sock.getsockname()[1], None, 3, stops[1], "n1")
+    node.follow(str(logs[1]), use=lambda: cells["n1"])
+    assert until(lambda: len(master.links) == 1)
+
+    def uses():
+        with handed.lock:
+            last = (handed.nodes or [{}])[-1]
+        return {name: said.get("use") for name, said in last.items()}
+
+    assert until(lambda: uses() == cells, 5.0), uses()
+    cells["n1"] = "stop everything"
+    assert until(lambda: uses().get("n1") == "stop everything", 5.0), uses()
+    say(logs[1], "step 1")
+    assert until(lambda: handed.latest().get("n1") == "step 1", 5.0)
+    assert uses()["n1"] == "stop everything"  # a line keeps the node's use
+    node.own_exit(0)
+    master.own_exit(0, "n0", linger=5)
+    assert stops[0].why == [] and stops[1].why == []

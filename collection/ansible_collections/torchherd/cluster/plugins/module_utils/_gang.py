@@ -42,6 +42,8 @@ LINE = "line"
 # How often, at most, a node says its line and the master hands the lines on: about a second
 # behind the job each, for a fraction of a core's time.
 LINE_EVERY = 1.0
+# A node's use now, the cell of its last sample (_use.point_cell): "use NAME CELL".
+USE = "use"
 # How often a node looks whether its node log grew (a stat).
 LINE_LOOK = 0.25
 # The longest word a link reads at once (_Link.lines): a longer one would arrive in pieces.
@@ -63,10 +65,13 @@ def line_heard(name, text):
 
 class _Follow:
     """A node's last line of the job, looked for every LINE_LOOK s in its node log (read again
-    only where the log changed), said through `tell(text)` until `ended` is set."""
+    only where the log changed), said through `tell(text)` until `ended` is set; and where
+    `use` (the cell of the node's last sample, from its record) and `tell_use` are given, that
+    cell through `tell_use(cell)` every LINE_EVERY s."""
 
-    def __init__(self, log, tell, ended):
+    def __init__(self, log, tell, ended, use=None, tell_use=None):
         self.log, self.tell, self.ended = log, tell, ended
+        self.use, self.tell_use, self.use_at = use, tell_use, 0.0
         self.seen = None
         self.latest = ""
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -88,6 +93,14 @@ class _Follow:
         while not self.ended.is_set():
             # Told every look, also unchanged: a line held back by the pace goes out in time.
             self.tell(self.look())
+            if self.use is not None and time.monotonic() - self.use_at >= LINE_EVERY:
+                self.use_at = time.monotonic()
+                try:
+                    cell = self.use()
+                except (OSError, ValueError, LookupError, TypeError):
+                    cell = ""
+                if cell:
+                    self.tell_use(" ".join(str(cell).split())[:60])
             self.ended.wait(LINE_LOOK)
 
 
@@ -194,6 +207,8 @@ class Master:
                 name = words[1]
             elif words[:1] == [LINE] and len(words) >= 2:
                 self.line(words[1], line.split(None, 2)[2] if len(words) > 2 else "")
+            elif words[:1] == [USE] and len(words) > 2:
+                self.use(words[1], line.split(None, 2)[2])
             elif len(words) == 3 and words[0] == EXIT:
                 said = int(words[2]) if words[2].lstrip("-").isdigit() else 1
                 if said != 0:
@@ -211,16 +226,26 @@ class Master:
         with self.lock:
             if not text or (self.nodes.get(name) or {}).get("last_line") == text:
                 return
-            self.nodes[name] = {"last_line": text, "at": time.time()}
+            self.nodes[name] = dict(self.nodes.get(name) or {}, last_line=text, at=time.time())
         self.heard.set()
 
-    def follow(self, log, name):
-        """This node's own last line too, from its node `log`, and every node's handed on to
-        `lines` (the constructor's) until own_exit; without `lines`, nothing."""
+    def use(self, name, cell):
+        """Node `name`'s use now (the cell of its last sample), as it said it."""
+        with self.lock:
+            if (self.nodes.get(name) or {}).get("use") == cell:
+                return
+            self.nodes[name] = dict(self.nodes.get(name) or {"last_line": "", "at": None},
+                                    use=cell)
+        self.heard.set()
+
+    def follow(self, log, name, use=None):
+        """This node's own last line too, from its node `log` (and its use: `use()`, the cell of
+        its last sample), and every node's handed on to `lines` (the constructor's) until
+        own_exit; without `lines`, nothing."""
         if self.publish is None:
             return
         self.follower = _Follow(log, lambda text: self.line(name, line_heard(name, text)),
-                                self.ended)
+                                self.ended, use, lambda cell: self.use(name, cell))
         self.publisher = threading.Thread(target=self._publish, daemon=True)
         self.publisher.start()
 
@@ -300,6 +325,7 @@ class Member:
         self.error = None
         self.follower = None
         self.said_line, self.said_at = None, 0.0
+        self.said_use = None
         self.line_lock = threading.Lock()
         try:
             sock = socket.create_connection((host, port), timeout=timeout,
@@ -325,10 +351,17 @@ class Member:
         if not self.done.is_set() and not self.elastic:
             self.stop("the master node was lost (its link closed)")
 
-    def follow(self, log):
-        """Say this node's last line of the job, from its node `log`, until own_exit."""
+    def follow(self, log, use=None):
+        """Say this node's last line of the job, from its node `log`, and its use (`use()`, the
+        cell of its last sample, where it changed), until own_exit."""
         if self.link is not None:
-            self.follower = _Follow(log, self.line, self.ended)
+            self.follower = _Follow(log, self.line, self.ended, use, self.say_use)
+
+    def say_use(self, cell):
+        """Say `cell` as this node's use now, where it changed."""
+        if self.link is not None and cell != self.said_use:
+            self.said_use = cell
+            self.link.say(f"{USE} {self.name} {cell}")
 
     def line(self, text, force=False):
         """Say `text` as this node's last line where it changed, at most once every

@@ -166,6 +166,9 @@ nodes:
       own words (a rank's line where one printed; not the launcher's banner, nor warnings and
       log lines of torch, the launcher or the supervisor), and C(at), when the master heard it
       (this node's clock). Each node says its line when it changed, at most once a second.
+    - C(use), where the node's use is sampled (O(sample_every)), the cell of its last sample -
+      its GPUs' mean utilization and its fullest GPU's memory (C(gpu 97% 39.3G)), else its CPU
+      and memory (C(cpu 42% 3.0G)); said when it changed, at most once a second.
     - Empty where no node of the gang said a line yet.
   returned: with O(gang)
   type: dict

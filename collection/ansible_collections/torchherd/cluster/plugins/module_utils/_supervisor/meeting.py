@@ -9,8 +9,10 @@ import socket
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import Master, Member
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import barrier, bind
+from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.nodelog import say
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import point_cell
 
 
 def meeting_of(p):
@@ -79,7 +81,7 @@ def join(m, sock, port, stop, paths):
         gang = Master(sock, m["expect"] - 1, m["window"] + 2 * m["timeout"] + 5, stop,
                       m["elastic"], lambda joined, expected: gang_formed(paths, joined, expected),
                       lines=lambda nodes: record(paths, "gang", lines=nodes))
-        gang.follow(paths["log"], m["name"])
+        gang.follow(paths["log"], m["name"], use=lambda: use_now(paths))
         return gang
     if not port:
         return None
@@ -88,5 +90,11 @@ def join(m, sock, port, stop, paths):
     if gang.error:
         say(f"{gang.error}; this node goes on without the gang (the controller's watch "
             f"still stops it after a failure elsewhere)")
-    gang.follow(paths["log"])
+    gang.follow(paths["log"], use=lambda: use_now(paths))
     return gang
+
+
+def use_now(paths):
+    """The cell of the node's last sample of its use (the record's use section), "" before."""
+    recent = (read_record(paths).get("use") or {}).get("recent") or []
+    return point_cell(recent[-1]) if recent else ""
