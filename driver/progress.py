@@ -199,6 +199,8 @@ class Progress:
         self.nproc: int | None = None
         self.static = True  # global rank = node_rank * nproc + local rank (static rendezvous)
         self.began = time.time() if now is None else now
+        # The nodes whose GPUs the gang last said sit idle while the others' work.
+        self.idle: set[str] = set()
         # A live display renders the table from its own thread while events are folded in.
         self._lock = threading.Lock()
 
@@ -317,7 +319,7 @@ class Progress:
                 self._row(host).use = used
             said = _some(self._set(host, phase, state, note))
             # The wait's own node: its log's last line, read as it returned, is the newer.
-            self._gang_lines(res.get("nodes"), host if note is not None else None)
+            said += self._gang_lines(res.get("nodes"), host if note is not None else None)
             return said
         gate = (res.get("ansible_facts") or {}).get("torchherd_gate")
         if gate:
@@ -336,22 +338,36 @@ class Progress:
                     if image.get("pulled") else "image found")
         return _some(self._set(host, phase, done, note))
 
-    def _gang_lines(self, nodes: Any, own: str | None) -> None:
+    def _gang_lines(self, nodes: Any, own: str | None) -> list[str]:
         """Every node's last line as the master's gang heard it (its wait's ``nodes``) as the
         notes of the rows whose job still runs, but ``own``'s (the wait's node, whose own line
         it has): the master's wait alone speaks for them. Notes only, no printed line: they
-        change every second."""
+        change every second. Each node's use too (its last sample's cell), and a line where a
+        node's GPUs came to sit idle while the others' work (the gang's idle_for)."""
+        lines: list[str] = []
         if not isinstance(nodes, dict):
-            return
+            return lines
         for host, said in nodes.items():
             row = self.rows.get(host)
-            if host == own or row is None or row.state != "running" or not isinstance(said, dict):
+            if row is None or row.state != "running" or not isinstance(said, dict):
                 continue
             if isinstance(said.get("use"), str) and said["use"]:
-                row.use = said["use"]
+                idle = said.get("idle_for")
+                if not isinstance(idle, (int, float)):
+                    row.use = said["use"]
+                    self.idle.discard(host)
+                else:
+                    row.use = f"{said['use']}, idle {elapsed(idle)}"
+                    if host not in self.idle:
+                        self.idle.add(host)
+                        lines.append(f"{host}: its GPUs sit idle ({elapsed(idle)}) while the "
+                                     "other nodes' GPUs work: a straggler or a stuck rank?")
+            if host == own:
+                continue
             note = self._running_note(host, str(said.get("last_line") or ""))
             if note is not None:
                 row.note = note
+        return lines
 
     def _controller(self, kind: str, phase: str, res: dict[str, Any]) -> list[str]:
         plan = (res.get("ansible_facts") or {}).get("torchherd_plan")

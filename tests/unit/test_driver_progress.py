@@ -452,6 +452,15 @@ def test_the_masters_wait_gives_every_node_its_own_last_line(events):
     console.print(progress.table(now=42.0))
     text = console.export_text()
     assert " use " in text and "gpu 97% 39.3G" in text and "gpu 3% 1.0G" in text
+    # n1's GPUs sat idle while n0's worked (the gang's idle_for): said once, shown in its cell.
+    retry["event_data"]["res"]["nodes"]["n1"].update(use="gpu 0% 1.0G", idle_for=16.0)
+    assert progress.update(retry, now=43.0) == [
+        "n1: its GPUs sit idle (16s) while the other nodes' GPUs work: a straggler or a stuck "
+        "rank?"]
+    assert progress.rows["n1"].use == "gpu 0% 1.0G, idle 16s"
+    retry["event_data"]["res"]["nodes"]["n1"]["idle_for"] = 21.0
+    assert progress.update(retry, now=48.0) == []
+    assert progress.rows["n1"].use == "gpu 0% 1.0G, idle 21s"
 
 
 def test_facts_cells_of_a_gpu_node_and_a_node_that_failed():

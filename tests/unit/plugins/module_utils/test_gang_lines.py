@@ -151,9 +151,13 @@ def test_a_gang_that_says_no_line_hands_nothing_on(tmp_path):
     quiet.own_exit(0, "n0", linger=1)
 
 
-def test_every_nodes_use_reaches_the_masters_record_and_stops_nobody(tmp_path):
-    """Each node's last sample (the cell of its record's use) rides its link beside its line;
-    a cell that reads like a word of the gang stops nobody."""
+def test_every_nodes_use_reaches_the_masters_record_and_an_idle_node_is_named(tmp_path,
+                                                                            monkeypatch):
+    """Each node's last sample ("UTIL CELL") rides its link beside its line; a node whose GPUs
+    sit idle while another's work is handed on with its idle spell once that lasted
+    IDLE_AFTER s; a cell that reads like a word of the gang stops nobody."""
+    from ansible_collections.torchherd.cluster.plugins.module_utils import _gang
+    monkeypatch.setattr(_gang, "IDLE_AFTER", 1.0)
     sock, error = bind(0)
     assert sock is not None, error
     handed, stops = Handed(), [Stops(), Stops()]
@@ -161,20 +165,27 @@ def test_every_nodes_use_reaches_the_masters_record_and_stops_nobody(tmp_path):
     logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
     for log in logs:
         log.write_text("torchherd: started\n")
-    cells = {"n0": "gpu 97% 39.3G", "n1": "cpu 42% 3.0G"}
-    master.follow(str(logs[0]), "n0", use=lambda: cells["n0"])
+    said = {"n0": "97 gpu 97% 39.3G", "n1": "- cpu 42% 3.0G"}
+    master.follow(str(logs[0]), "n0", use=lambda: said["n0"])
     node = Member("127.0.0.1", sock.getsockname()[1], None, 3, stops[1], "n1")
-    node.follow(str(logs[1]), use=lambda: cells["n1"])
+    node.follow(str(logs[1]), use=lambda: said["n1"])
     assert until(lambda: len(master.links) == 1)
 
-    def uses():
+    def last():
         with handed.lock:
-            last = (handed.nodes or [{}])[-1]
-        return {name: said.get("use") for name, said in last.items()}
+            return (handed.nodes or [{}])[-1]
 
-    assert until(lambda: uses() == cells, 5.0), uses()
-    cells["n1"] = "stop everything"
+    def uses():
+        return {name: entry.get("use") for name, entry in last().items()}
+
+    assert until(lambda: uses() == {"n0": "gpu 97% 39.3G", "n1": "cpu 42% 3.0G"}, 5.0), uses()
+    assert "idle_for" not in last()["n1"]  # no GPUs: never idle
+    said["n1"] = "0 gpu 0% 1.0G"
+    assert until(lambda: last().get("n1", {}).get("idle_for", 0) >= 1.0, 8.0), last()
+    assert "idle_for" not in last()["n0"]
+    said["n1"] = "95 stop everything"
     assert until(lambda: uses().get("n1") == "stop everything", 5.0), uses()
+    assert until(lambda: "idle_for" not in last()["n1"], 5.0), last()
     say(logs[1], "step 1")
     assert until(lambda: handed.latest().get("n1") == "step 1", 5.0)
     assert uses()["n1"] == "stop everything"  # a line keeps the node's use

@@ -30,6 +30,7 @@ import threading
 import time
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import job_line
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import IDLE, WORKING
 
 STOP = "stop"
 EXIT = "exit"
@@ -42,8 +43,13 @@ LINE = "line"
 # How often, at most, a node says its line and the master hands the lines on: about a second
 # behind the job each, for a fraction of a core's time.
 LINE_EVERY = 1.0
-# A node's use now, the cell of its last sample (_use.point_cell): "use NAME CELL".
+# A node's use now, from its last sample: "use NAME UTIL CELL", UTIL its GPUs' mean utilization
+# (an integer, "-" without GPUs) and CELL the sample as a table shows it (_use.point_cell).
 USE = "use"
+# A node whose GPUs sit below IDLE % while another node's are at WORKING % or more, for this
+# long (three samples at the default interval), is named in the live view: a straggler or a
+# stuck rank.
+IDLE_AFTER = 15.0
 # How often a node looks whether its node log grew (a stat).
 LINE_LOOK = 0.25
 # The longest word a link reads at once (_Link.lines): a longer one would arrive in pieces.
@@ -100,7 +106,7 @@ class _Follow:
                 except (OSError, ValueError, LookupError, TypeError):
                     cell = ""
                 if cell:
-                    self.tell_use(" ".join(str(cell).split())[:60])
+                    self.tell_use(" ".join(str(cell).split())[:80])
             self.ended.wait(LINE_LOOK)
 
 
@@ -229,14 +235,31 @@ class Master:
             self.nodes[name] = dict(self.nodes.get(name) or {}, last_line=text, at=time.time())
         self.heard.set()
 
-    def use(self, name, cell):
-        """Node `name`'s use now (the cell of its last sample), as it said it."""
+    def use(self, name, said):
+        """Node `name`'s use now, as it said it ("UTIL CELL"): its cell, and where its GPUs sit
+        idle while another node's work, since when (`idle_since`, this node's clock; handed on
+        once that lasted IDLE_AFTER s)."""
+        util, _sep, cell = str(said).partition(" ")
         with self.lock:
-            if (self.nodes.get(name) or {}).get("use") == cell:
-                return
-            self.nodes[name] = dict(self.nodes.get(name) or {"last_line": "", "at": None},
-                                    use=cell)
+            entry = dict(self.nodes.get(name) or {"last_line": "", "at": None}, use=cell)
+            entry["gpu_util"] = int(util) if util.isdigit() else None
+            self.nodes[name] = entry
+            self._idle(time.time())
         self.heard.set()
+
+    def _idle(self, now):
+        """Each node's idle spell where its GPUs sit idle while another node's work (the lock
+        held)."""
+        utils = {name: said.get("gpu_util") for name, said in self.nodes.items()}
+        for name, said in self.nodes.items():
+            others = [u for n, u in utils.items() if n != name and u is not None]
+            mine = utils[name]
+            if mine is not None and mine < IDLE and any(u >= WORKING for u in others):
+                said["idle_since"] = said.get("idle_since") or now
+                said["idle_for"] = round(now - said["idle_since"], 1)
+            else:
+                said.pop("idle_since", None)
+                said.pop("idle_for", None)
 
     def follow(self, log, name, use=None):
         """This node's own last line too, from its node `log` (and its use: `use()`, the cell of
@@ -251,15 +274,20 @@ class Master:
 
     def _publish(self):
         while not self.ended.is_set():
-            self.heard.wait()
+            # Also now and then without news: an idle spell grows while nobody says a word.
+            self.heard.wait(IDLE_AFTER / 3)
             self.heard.clear()
             self._hand_on()
             self.ended.wait(LINE_EVERY)
 
     def _hand_on(self):
-        """Every node's line as heard now, to `lines`, where any node said one."""
+        """Every node's line as heard now, to `lines`, where any node said one; a node idle
+        for less than IDLE_AFTER s is not named yet."""
         with self.lock:
-            nodes = {name: dict(said) for name, said in self.nodes.items()}
+            self._idle(time.time())
+            nodes = {name: {k: v for k, v in said.items()
+                            if k != "idle_for" or v >= IDLE_AFTER}
+                     for name, said in self.nodes.items()}
         if not nodes:
             return  # no node said a line: the record has none to keep
         try:

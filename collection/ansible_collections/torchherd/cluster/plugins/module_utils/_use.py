@@ -181,6 +181,12 @@ def compact(stats):
         f" {_gib(stats['peak_memory_mib'])}" if stats.get("peak_memory_mib") is not None else "")
 
 
+def mean_util(point):
+    """A sample's mean GPU utilization %, None where it has no GPU that told it."""
+    values = [g[0] for g in point[4] if g[0] is not None]
+    return sum(values) / len(values) if values else None
+
+
 def point_cell(point):
     """One sample in a table's cell (the live view's): its GPUs' mean utilization and the
     memory of its fullest GPU, else the node's CPU and memory."""

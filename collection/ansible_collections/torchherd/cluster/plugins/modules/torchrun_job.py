@@ -168,7 +168,9 @@ nodes:
       (this node's clock). Each node says its line when it changed, at most once a second.
     - C(use), where the node's use is sampled (O(sample_every)), the cell of its last sample -
       its GPUs' mean utilization and its fullest GPU's memory (C(gpu 97% 39.3G)), else its CPU
-      and memory (C(cpu 42% 3.0G)); said when it changed, at most once a second.
+      and memory (C(cpu 42% 3.0G)); said when it changed, at most once a second. C(gpu_util),
+      its GPUs' mean utilization (null without GPUs), and C(idle_for), where its GPUs sat below
+      5% while another node's were at 30% or more for 15 s or longer - the seconds of that spell.
     - Empty where no node of the gang said a line yet.
   returned: with O(gang)
   type: dict

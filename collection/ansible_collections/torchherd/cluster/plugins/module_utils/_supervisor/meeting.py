@@ -12,7 +12,10 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._probe import ba
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import read_record
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import write as record
 from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor.nodelog import say
-from ansible_collections.torchherd.cluster.plugins.module_utils._use import point_cell
+from ansible_collections.torchherd.cluster.plugins.module_utils._use import (
+    mean_util,
+    point_cell,
+)
 
 
 def meeting_of(p):
@@ -95,6 +98,10 @@ def join(m, sock, port, stop, paths):
 
 
 def use_now(paths):
-    """The cell of the node's last sample of its use (the record's use section), "" before."""
+    """The node's last sample of its use (the record's use section) as its gang word says it
+    ("UTIL CELL": _gang's USE), "" before the first."""
     recent = (read_record(paths).get("use") or {}).get("recent") or []
-    return point_cell(recent[-1]) if recent else ""
+    if not recent:
+        return ""
+    util = mean_util(recent[-1])
+    return f"{'-' if util is None else round(util)} {point_cell(recent[-1])}"
