@@ -135,3 +135,16 @@ def test_a_node_without_nvidia_smi_samples_cpu_and_memory(tmp_path):
     last = written[-1]["points"][-1]
     assert "gpus" not in written[-1] and last[4] == []
     assert last[3] is not None and last[3] > 0 and os.path.exists("/proc/stat")
+
+
+def test_the_first_sample_comes_a_second_after_the_start_whatever_the_interval():
+    """So that a job of a few seconds has one, and the tables show the same columns each run."""
+    written = []
+    began = time.monotonic()
+    sampler = Sampler(60.0, written.append, smi="").start()
+    deadline = time.monotonic() + 10
+    while not written and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sampler.stop()
+    assert written and time.monotonic() - began < 5.0
+    assert written[0]["points"][0][2] is not None  # the CPU's share over that first second

@@ -23,6 +23,8 @@ import threading
 import time
 
 POINTS = 240
+# Seconds from the launcher's start to the first sample.
+FIRST = 1.0
 # The samples kept as taken, for the live view and a node idle now.
 RECENT = 3
 GPU_QUERY = ["--query-gpu=index,utilization.gpu,memory.used,memory.total",
@@ -296,7 +298,11 @@ class Sampler:
 
     def _run(self):
         before = cpu_times(self.proc)
-        while not self.done.wait(self.every):
+        # The first sample a second after the launcher's start (the CPU's share needs two
+        # looks): a job of any length has one, and the tables show the same columns each run.
+        wait = min(self.every, FIRST)
+        while not self.done.wait(wait):
+            wait = self.every
             point, before = self.sample(before)
             self.use = add(self.use, point)
             try:
