@@ -426,7 +426,8 @@ def test_cli_preflight_failure_and_usage_error(cluster3, code_src, tmp_path):
                                             "high"))
     assert code == Exit.USAGE and stdout == ""
     # The flag the user typed, what it expects and what it found.
-    assert "argument --master-port: expected an integer, found 'high'" in stderr
+    assert "argument --master-port: expected an integer in 1..65535 or 'auto', found 'high'" \
+        in stderr
 
 
 def test_cli_unreachable_node(cluster3, code_src, tmp_path):
