@@ -430,24 +430,50 @@ class Progress:
                 lines += _some(self._set(host, phase, "left out", _first_line(str(why))))
         return lines
 
-    def table(self, now: float | None = None) -> Table:
+    def table(self, now: float | None = None) -> _Sized:
         """The live table at ``now`` (default: the clock's): its title has the phase and the
-        time since the run began."""
+        time since the run began. Built for the width it is drawn in (see _USE_WIDTH)."""
         now = time.time() if now is None else now
+        return _Sized(lambda width: self._table(now, width))
+
+    def _table(self, now: float, width: int) -> Table:
         with self._lock:
             table = Table(title=f"{self.title}: {self.phase}  {elapsed(now - self.began)}",
                           title_justify="left")
-            # The use column once a node's use was sampled (its GPUs, else its CPU and memory).
-            used = any(row.use for row in self.rows.values())
-            for col in ("node", "rank", "phase", "state", "elapsed", *(("use",) if used else ()),
-                        "last line"):
-                table.add_column(col, overflow="ellipsis", no_wrap=True)
+            # The use column once a node's use was sampled (its GPUs, else its CPU and memory),
+            # where the terminal leaves the last line room beside it.
+            used = width >= _USE_WIDTH and any(row.use for row in self.rows.values())
+            cols = ("node", "rank", "phase", "state", "elapsed", *(("use",) if used else ()),
+                    "last line")
+            rows = []
             for host, row in self.rows.items():
                 cells = row_cells(host, row, now)
                 if used:
                     cells.insert(5, escape(row.use))
+                rows.append(cells)
+            # The table takes the terminal's width and the last line what the others leave:
+            # where the terminal is narrow, the last line gives way, not the node or its state.
+            table.expand = True
+            for i, col in enumerate(cols):
+                table.add_column(col, overflow="ellipsis", no_wrap=True,
+                                 ratio=1 if i == len(cols) - 1 else None)
+            for cells in rows:
                 table.add_row(*cells)
         return table
+
+
+# The narrowest terminal that shows the use column: narrower, the last line keeps its room.
+_USE_WIDTH = 100
+
+
+class _Sized:
+    """A renderable built for the width it is drawn in."""
+
+    def __init__(self, build: Any) -> None:
+        self.build = build
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield self.build(options.max_width)
 
 
 def _some(line: str | None) -> list[str]:
