@@ -41,6 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "collection"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from run import tree_cpu  # noqa: E402  bench/run.py: a process tree's CPU seconds
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._gang import (  # noqa: E402
     Master,
@@ -59,27 +62,6 @@ def cpu_of(pid):
     """CPU seconds of a live process (its own and its reaped children's)."""
     raw = Path(f"/proc/{pid}/stat").read_text()
     return sum(int(f) for f in raw[raw.rindex(")") + 2:].split()[11:15]) / TICK
-
-
-def tree_cpu(root):
-    """CPU seconds of a live process and its live descendants (reaped children included)."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                raw = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rindex(")") + 2:].split()
-            table[int(entry.name)] = (int(fields[1]),
-                                      sum(int(f) for f in fields[11:15]) / TICK)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            total += table[pid][1]
-            todo += [p for p, (pp, _) in table.items() if pp == pid]
-    return total
 
 
 # --- the gang ------------------------------------------------------------------------------
