@@ -16,6 +16,7 @@ final weights, exactly) at the end (rank 0).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -115,9 +116,20 @@ def main() -> int:
         weights = ",".join(float(v).hex() for p in model.module.parameters()
                            for v in p.detach().cpu().flatten())
         say(f"done epochs={args.epochs} weights={weights}")
+    # DDP holds the process group: drop it first, so that destroy_process_group ends the gloo
+    # group here, while the interpreter is whole. Left to the interpreter's exit, a gloo group can
+    # abort in its C++ destructors ("terminate called without an active exception", SIGABRT)
+    # after the work is done.
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The work is done and said: leave without the C++ destructors of torch's other globals,
+    # which can abort the same way at the interpreter's exit.
+    os._exit(code)
