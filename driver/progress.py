@@ -201,6 +201,9 @@ class Progress:
         self.began = time.time() if now is None else now
         # The nodes whose GPUs the gang last said sit idle while the others' work.
         self.idle: set[str] = set()
+        # How many waves each task runs in where there are fewer Ansible forks than nodes (the
+        # schedule's waves, and why); 1 where there is a worker per node.
+        self.waves = 1
         # A live display renders the table from its own thread while events are folded in.
         self._lock = threading.Lock()
 
@@ -371,6 +374,9 @@ class Progress:
 
     def _controller(self, kind: str, phase: str, res: dict[str, Any]) -> list[str]:
         plan = (res.get("ansible_facts") or {}).get("torchherd_plan")
+        schedule = (res.get("ansible_facts") or {}).get("torchherd_schedule")
+        if kind == "runner_on_ok" and isinstance(schedule, dict):
+            return self._schedule(schedule)
         if kind == "runner_on_ok" and isinstance(plan, dict):
             self.static = (plan.get("job") or {}).get("rdzv", "static") == "static"
             if isinstance(plan.get("nproc_per_node"), int):
@@ -400,6 +406,16 @@ class Progress:
                 lines += _some(self._set(host, phase, h.get("state"), _first_line(note)))
             return lines
         return []
+
+    def _schedule(self, schedule: dict[str, Any]) -> list[str]:
+        """The launch's schedule, as the plan made it: where its tasks run in waves (fewer
+        forks than nodes), the title says so, and so does a line."""
+        waves = schedule.get("waves")
+        if not isinstance(waves, int) or waves <= 1:
+            return []
+        self.waves = waves
+        why = (schedule.get("why") or {}).get("waves") or f"{waves} waves"
+        return [f"the launch runs in waves: {why}"]
 
     def _restart(self, incident: dict[str, Any]) -> list[str]:
         """A whole-job restart: the failed node's row says so, the title counts restarts."""
@@ -438,7 +454,8 @@ class Progress:
 
     def _table(self, now: float, width: int) -> Table:
         with self._lock:
-            table = Table(title=f"{self.title}: {self.phase}  {elapsed(now - self.began)}",
+            waves = f"  ({self.waves} waves)" if self.waves > 1 else ""
+            table = Table(title=f"{self.title}: {self.phase}  {elapsed(now - self.began)}{waves}",
                           title_justify="left")
             # The use column once a node's use was sampled (its GPUs, else its CPU and memory),
             # where the terminal leaves the last line room beside it.

@@ -531,3 +531,21 @@ def test_a_nodes_preflight_says_whether_it_made_the_jobs_venv(events):
     started["event_data"]["res"]["last_line"] = ""
     assert all("venv" not in line for line in progress.update(started))
     assert progress.rows["n0"].note == ""
+
+
+def test_a_launch_in_waves_says_so_in_the_title_and_a_line(events):
+    def schedule(waves, why):
+        return {"event": "runner_on_ok", "event_data": {
+            "host": "localhost", "role": "plan", "resolved_action": "ansible.builtin.set_fact",
+            "res": {"ansible_facts": {"torchherd_schedule": {"waves": waves,
+                                                             "why": {"waves": why}}}}}}
+
+    one, _ = fold(events)
+    assert one.update(schedule(1, "one worker per node (64 forks for 2 nodes)")) == []
+    assert "waves" not in one.table(now=one.began + 5).build(120).title
+    progress = Progress("torchherd launch r1")
+    said = progress.update(schedule(7, "5 forks for 32 nodes: each task runs in 7 waves"))
+    assert said == ["the launch runs in waves: 5 forks for 32 nodes: each task runs in 7 waves"]
+    fold(events, progress)
+    title = progress.table(now=progress.began + 5).build(120).title
+    assert title.endswith("(7 waves)"), title
