@@ -421,8 +421,10 @@ def test_the_flight_recorder_is_sized_under_the_name_the_jobs_torch_reads(versio
         assert env[users] == "0" and [k for k in env if k.endswith("BUFFER_SIZE")] == [users]
 
 
-def background(port, listen, expect=2, window=10):
-    return {"listen": listen, "expect": expect, "timeout": 2, "window": window, "source": "",
+def background(port, listen, expect=2, window=30):
+    # Bounds, not waits: a node that comes meets at once; on starved cores (the suite beside
+    # the cluster tests) a supervisor can take seconds to start and to answer.
+    return {"listen": listen, "expect": expect, "timeout": 10, "window": window, "source": "",
             "background": True}
 
 
@@ -451,7 +453,7 @@ def test_in_the_background_the_nodes_meet_and_one_failure_stops_the_others(tmp_p
     failed = ended(node)
     assert (failed["state"], failed["exit_code"]) == ("failed", 3)
     # The master heard it from b's supervisor and stopped its own job: no controller.
-    stopped = ended(master, 10)
+    stopped = ended(master, 30)
     assert stopped["state"] == "stopped", stopped
     assert "stopping: b ended with exit code 3" in Path(master["log"]).read_text()
     for paths in (master, node):
