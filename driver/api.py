@@ -24,13 +24,15 @@ happened on the nodes.
 
 This module gathers the calls from the modules of their concerns: driver.launcher (launch,
 verify), driver.actions (a past run by its id; runs), driver.pruner (prune), driver.ps (ps:
-who uses the nodes), driver.handle
+who uses the nodes), driver.connections (disconnect: the SSH connections kept between runs
+closed now), driver.handle
 (RunHandle), driver.inputs (the checks of what a call takes).
 """
 
 from __future__ import annotations
 
 from driver.actions import LogStream, act_async, collect, logs, runs, stacks, status, stop
+from driver.connections import DisconnectReport, disconnect
 from driver.handle import OnInterrupt, RunHandle
 from driver.inputs import prepare_job as _prepare  # noqa: F401 (integration tests reach it here)
 from driver.launcher import launch, launch_async, verify, verify_async
@@ -41,8 +43,8 @@ from driver.result import Exit, HostResult, RunInfo, RunResult, UsageError
 from driver.spec import JobSpecError
 
 __all__ = [
-    "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "NodeUse", "OnInterrupt",
-    "PsReport", "RunHandle", "RunInfo", "RunResult", "UsageError", "act_async", "collect",
-    "launch", "launch_async", "logs", "prune", "ps", "runs", "stacks", "status", "stop", "verify",
-    "verify_async",
+    "DisconnectReport", "Exit", "HostResult", "JobSpecError", "LogLine", "LogStream", "NodeUse",
+    "OnInterrupt", "PsReport", "RunHandle", "RunInfo", "RunResult", "UsageError", "act_async",
+    "collect", "disconnect", "launch", "launch_async", "logs", "prune", "ps", "runs", "stacks",
+    "status", "stop", "verify", "verify_async",
 ]

@@ -311,6 +311,17 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("-v", "--verbose", action="count", default=0,
                     help="show Ansible's own output (-vv... more)")
     ansible_options.add_arguments(ps)
+    gone = action("disconnect", "close the SSH connections kept open to the nodes between runs "
+                                "(a relaunch reuses them; each closes itself after its idle "
+                                "time); nothing changes on the nodes",
+                  "-i inventories/cluster.ini", "-i inventories/cluster.ini -l gpu01 --json")
+    gone.add_argument("-i", "--inventory", required=True,
+                      help="Ansible inventory: the connections to every host of it are closed "
+                           "(-l: those it matches)")
+    gone.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    gone.add_argument("-v", "--verbose", action="count", default=0,
+                      help="show Ansible's own output (-vv... more)")
+    ansible_options.add_arguments(gone)
     init = action("init", "write a job file, inventories and examples to start from",
                   "", "my-project --force")
     init.add_argument("dir", nargs="?", default=".",

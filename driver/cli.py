@@ -166,6 +166,25 @@ def _ps(args: argparse.Namespace, ui: Ui) -> int:
     return ui.report_ps(report, args.json)
 
 
+def _disconnect(args: argparse.Namespace, ui: Ui) -> int:
+    """The kept SSH connections to the nodes closed: a line (or --json's document) says so."""
+    try:
+        report = api.disconnect(args.inventory, verbosity=args.verbose,
+                                on_event=(lambda e: ui.say(e["stdout"]) if e.get("stdout")
+                                          else None) if args.verbose else None)
+    except KeyboardInterrupt:
+        ui.say("torchherd: disconnect cancelled (nothing changes on the nodes)", "yellow")
+        return Exit.CANCELLED
+    if args.json:
+        print_json(report.to_dict())
+    if report.reason:
+        ui.say(f"disconnect: {report.reason}", "red")
+    elif not args.json:
+        ui.say(f"torchherd: the SSH connections kept open to the nodes of {report.inventory} "
+               "are closed")
+    return int(report.exit_code)
+
+
 def _init(args: argparse.Namespace, ui: Ui) -> int:
     from driver import scaffold  # it reads the job spec: only this action needs it
 
@@ -180,7 +199,7 @@ def _init(args: argparse.Namespace, ui: Ui) -> int:
 _ACTIONS: dict[str, Callable[[argparse.Namespace, Ui], int]] = {
     "launch": _launch, "verify": _launch, "status": _act, "stop": _act, "collect": _act,
     "stacks": _stacks, "show": _show,
-    "logs": _logs, "runs": _runs, "ps": _ps, "init": _init,
+    "logs": _logs, "runs": _runs, "ps": _ps, "disconnect": _disconnect, "init": _init,
 }
 
 

@@ -11,6 +11,7 @@ lasts, and is removed afterwards.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import os
 import re
@@ -121,6 +122,15 @@ FORKS = 1024
 # the caller sets forks (ansible.cfg, ANSIBLE_FORKS), theirs hold, and a launch with fewer forks
 # than nodes says that it ran in waves.
 OWN_FORKS = 64
+# The SSH options of a run whose caller's configuration sets no ssh_args (ansible.cfg's
+# [ssh_connection], ANSIBLE_SSH_ARGS; a node's ansible_ssh_args still wins): Ansible's own, with
+# the connection to each node kept open for ten minutes after its last use instead of Ansible's
+# 60 s. A user who edits and relaunches every few minutes then pays no node's SSH handshake
+# again (more than one round trip each, more through a bastion). The masters are ssh processes
+# on this controller only, under Ansible's ControlPath (the caller's control_path and
+# control_path_dir where set); each ends after its idle time, or at once with `torchherd
+# disconnect`.
+OWN_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=10m"
 # What a run needs that no environment variable sets (internal_poll_interval), given where the
 # caller has no Ansible configuration at all; a caller's ansible.cfg is theirs to set it in.
 OWN_CONFIG = Path(__file__).with_name("ansible.cfg")
@@ -142,6 +152,8 @@ def run_settings(environ: Any) -> dict[str, str]:
     if "ANSIBLE_FORKS" not in environ and \
             config.get_config_value_and_origin("DEFAULT_FORKS")[1] == "default":
         env["ANSIBLE_FORKS"] = str(OWN_FORKS)
+    if "ANSIBLE_SSH_ARGS" not in environ and not _sets_ssh_args(find_ini_config_file()):
+        env["ANSIBLE_SSH_ARGS"] = OWN_SSH_ARGS
     if "ANSIBLE_CONFIG" not in environ and find_ini_config_file() is None:
         # No configuration of the caller's: the driver's own, for what has no variable.
         env["ANSIBLE_CONFIG"] = str(OWN_CONFIG)
@@ -149,6 +161,19 @@ def run_settings(environ: Any) -> dict[str, str]:
     # The tools of this interpreter's environment first, as where it is activated.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), environ.get("PATH", "")])
     return env
+
+
+def _sets_ssh_args(config_file: str | None) -> bool:
+    """Whether the caller's Ansible configuration file sets ssh_args (read as Ansible reads
+    it; a file that does not parse counts as setting them: theirs, not ours, to decide)."""
+    if not config_file:
+        return False
+    parser = configparser.ConfigParser(inline_comment_prefixes=(";",), interpolation=None)
+    try:
+        parser.read(config_file, encoding="utf-8")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return True
+    return parser.has_option("ssh_connection", "ssh_args")
 
 
 def _cmdline(all_at_once: bool) -> list[str]:

@@ -11,6 +11,7 @@ from driver import paths
 from driver.runner import (
     OWN_CONFIG,
     OWN_FORKS,
+    OWN_SSH_ARGS,
     RUN_SETTINGS,
     SSH_EXTRA_ARGS,
     _cmdline,
@@ -137,3 +138,24 @@ def test_a_launch_takes_the_callers_forks_unless_it_measures_the_interconnect():
     assert all_at_once("launch", {"torchherd_job": {"interconnect": "always"}})
     assert all_at_once("launch", {"torchherd_job": {"hang_timeout": 60}})
     assert not all_at_once("stop", {})
+
+
+def test_connections_are_kept_for_a_relaunch_unless_the_caller_sets_ssh_args(tmp_path,
+                                                                             monkeypatch):
+    """Where the caller's configuration sets no ssh_args, a run keeps each node's connection
+    for ten minutes (Ansible's own 60 s would make a relaunch a few minutes later pay every
+    handshake again); a caller's ssh_args, in a file or the environment, hold."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    monkeypatch.delenv("ANSIBLE_SSH_ARGS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if os.path.exists("/etc/ansible/ansible.cfg"):
+        return  # this machine's own configuration is the caller's
+    assert run_settings({"PATH": ""})["ANSIBLE_SSH_ARGS"] == OWN_SSH_ARGS
+    assert "ControlPersist=10m" in OWN_SSH_ARGS and "ControlMaster=auto" in OWN_SSH_ARGS
+    (tmp_path / "ansible.cfg").write_text("[ssh_connection]\npipelining = True\n")
+    assert run_settings({"PATH": ""})["ANSIBLE_SSH_ARGS"] == OWN_SSH_ARGS
+    (tmp_path / "ansible.cfg").write_text("[ssh_connection]\nssh_args = -o ControlMaster=no\n")
+    assert "ANSIBLE_SSH_ARGS" not in run_settings({"PATH": ""})
+    (tmp_path / "ansible.cfg").unlink()
+    assert "ANSIBLE_SSH_ARGS" not in run_settings({"PATH": "", "ANSIBLE_SSH_ARGS": "-4"})
