@@ -378,21 +378,19 @@ def test_answered_separates_the_nodes_with_facts_from_those_that_gave_none():
     assert "ssh-keyscan 10.0.0.2" in problems[0]["fix"]
 
 
-def test_an_unknown_host_key_is_named_also_where_ssh_ended_before_the_module_was_sent():
-    """Ansible's "Data could not be sent" hides ssh's reason; preflight's second ask (a command
-    with nothing to send) has it, and the gate names the host key from it."""
-    lost = {"unreachable": True, "msg": "Data could not be sent to remote host '10.0.0.2'. "
-            "Make sure this host can be reached over SSH: [Errno 32] Broken pipe"}
+def test_an_unknown_host_key_is_named_from_ssh_s_reason():
+    """node_facts' action asks ssh again where Ansible lost its reason ("Data could not be
+    sent"): the node's result then carries ssh's own words, and the gate names the host key."""
     hostvars = {
-        "a": {"ansible_host": "10.0.0.2", "torchherd_facts": lost, "torchherd_reach": {
+        "a": {"ansible_host": "10.0.0.2", "torchherd_facts": {
             "unreachable": True, "msg": "Failed to connect to the host via ssh: "
                                         "Host key verification failed."}},
-        # Asked again and it answered: the first failure stands as it was.
-        "b": {"torchherd_facts": lost, "torchherd_reach": {"rc": 0, "changed": False}},
-        "c": {"torchherd_facts": lost, "torchherd_reach": {"skipped": True}}}
-    _facts, problems = answered(["a", "b", "c"], hostvars)
-    assert [(p["host"], p["check"]) for p in problems] == [
-        ("a", "ssh host key"), ("b", "ssh"), ("c", "ssh")]
+        # ssh answered the second ask: the first failure stands as it was.
+        "b": {"torchherd_facts": {
+            "unreachable": True, "msg": "Data could not be sent to remote host '10.0.0.3'. "
+            "Make sure this host can be reached over SSH: [Errno 32] Broken pipe"}}}
+    _facts, problems = answered(["a", "b"], hostvars)
+    assert [(p["host"], p["check"]) for p in problems] == [("a", "ssh host key"), ("b", "ssh")]
     assert problems[0]["found"] == ("an unknown or changed host key "
                                     "(ssh: Host key verification failed.)")
     assert "ssh-keyscan 10.0.0.2" in problems[0]["fix"]

@@ -27,8 +27,15 @@ description:
 extends_documentation_fragment:
   - torchherd.cluster._attributes
   - torchherd.cluster._attributes.INFO_MODULE
+  - torchherd.cluster._attributes.ACTION
   - torchherd.cluster._node_facts
 attributes:
+  action:
+    details:
+      - The module runs on the node. Where ssh ended before Ansible could write the module to
+        it (Ansible then reports only that the data could not be sent), the action asks the node
+        once more with a command that sends nothing, and the node is unreachable with what ssh
+        said to that (an unknown host key, a refused key).
   check_mode:
     details: It reads and reports; it writes its own cache of the torch probe
       (O(cache_seconds)), in check mode too, and makes the job's venv where O(venv) asks for

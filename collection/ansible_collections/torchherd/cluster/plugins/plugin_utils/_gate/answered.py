@@ -25,21 +25,13 @@ def _ssh_error(msg):
     return text.removeprefix("Task failed: ")[:300]
 
 
-def _reason(hv):
-    """node_facts' result, with ssh's own reason where Ansible lost it: where ssh ended before
-    the module was sent, preflight asked again with nothing to send (torchherd_reach)."""
-    result = hv.get("torchherd_facts") or {}
-    again = hv.get("torchherd_reach") or {}
-    if result.get("unreachable") and again.get("unreachable") and again.get("msg"):
-        return dict(result, msg=again["msg"])
-    return result
-
-
 def answered(hosts, hostvars):
     """({host: its facts} of the nodes whose node_facts ran, problems of the others)."""
     facts, problems = {}, []
     for host in hosts:
-        result = _reason(hostvars.get(host, {}))
+        # Where ssh ended before the module was sent, node_facts' action asked again with
+        # nothing to send: its message is ssh's own reason (plugins/action/node_facts.py).
+        result = hostvars.get(host, {}).get("torchherd_facts") or {}
         if result.get("unreachable") and "Host key verification failed" in str(result.get("msg")):
             address = hostvars.get(host, {}).get("ansible_host") or host
             problems.append(problem(
