@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cost  # noqa: E402  bench/cost.py, next to this file
+import delay  # noqa: E402  bench/delay.py: --delay-ms
 
 from driver.spec import job_options  # noqa: E402
 from tests.cluster import testbed  # noqa: E402
@@ -127,8 +128,10 @@ def tree_cpu(root: int) -> float:
     return total
 
 
-def ssh_base(cluster: testbed.Cluster) -> list[str]:
-    return ["ssh", "-i", str(cluster.key), *testbed.SSH_OPTIONS, "-o", "ConnectTimeout=10"]
+def ssh_base(cluster: testbed.Cluster, relay: dict | None = None) -> list[str]:
+    """ssh to a node; through the delaying relay's ssh_config with --delay-ms."""
+    cfg = ["-F", str(relay["config"])] if relay else []
+    return ["ssh", *cfg, "-i", str(cluster.key), *testbed.SSH_OPTIONS, "-o", "ConnectTimeout=10"]
 
 
 def torchrun_cmd(cluster: testbed.Cluster, port: int, rank: str) -> str:
@@ -176,16 +179,18 @@ def probe_end(ctx: dict | None, state: dict | None, r: dict) -> None:
 
 
 def measure_shell(method: str, cluster: testbed.Cluster, port: int,
-                  ctx: dict | None = None) -> dict:
+                  ctx: dict | None = None, relay: dict | None = None) -> dict:
     n = len(cluster.nodes)
+    base_env = delay.shell_env(dict(os.environ), relay["tag"]) if relay else dict(os.environ)
+    before_relay = delay.snapshot(relay["stats"], relay["prefix"]) if relay else {}
     probe = probe_start(ctx, muxes=False)
     cpu0 = children_cpu()
     t0 = time.time()
     if method == "a":
-        procs = [subprocess.Popen([*ssh_base(cluster), f"root@{node.ip}",
+        procs = [subprocess.Popen([*ssh_base(cluster, relay), f"root@{node.ip}",
                                    torchrun_cmd(cluster, port, str(i))],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, text=True)
+                                  stdin=subprocess.DEVNULL, text=True, env=base_env)
                  for i, node in enumerate(cluster.nodes)]
         outs = [p.communicate()[0] for p in procs]
         rcs = [p.returncode for p in procs]
@@ -194,8 +199,8 @@ def measure_shell(method: str, cluster: testbed.Cluster, port: int,
         # pdsh runs one command everywhere: the node finds its own address in the ordered list.
         wrapper = (f"r=0; for h in {ips}; do hostname -I | tr ' ' '\\n' | grep -qx $h && break; "
                    f"r=$((r+1)); done; " + torchrun_cmd(cluster, port, "$r"))
-        env = {**os.environ, "PDSH_RCMD_TYPE": "ssh",
-               "PDSH_SSH_ARGS_APPEND": shlex.join(ssh_base(cluster)[1:])}
+        env = {**base_env, "PDSH_RCMD_TYPE": "ssh",
+               "PDSH_SSH_ARGS_APPEND": shlex.join(ssh_base(cluster, relay)[1:])}
         proc = subprocess.run(["pdsh", "-R", "ssh", "-f", "64", "-l", "root", "-w",
                                ",".join(node.ip for node in cluster.nodes), wrapper],
                               capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
@@ -212,12 +217,23 @@ def measure_shell(method: str, cluster: testbed.Cluster, port: int,
          # one ssh session per node, which starts the job: the floor
          "round_trips": {"max": 1, "min": 1, "total_max": 1, "all_started": ok}}
     probe_end(ctx, probe, r)
+    if relay:
+        add_relay(r, relay, before_relay)
     return r
+
+
+def add_relay(r: dict, relay: dict, before: dict) -> None:
+    """The relay's counters of this launch. The relays' own CPU is not in the launch's CPU
+    measure: ssh does not reap its ProxyCommand (10 ssh sessions to a node here took 0.94
+    CPU-s of children directly, 0.97 through the relay, whose own CPU was 0.28)."""
+    r["relay"] = delay.counters(relay["stats"], relay["prefix"], before)
+    r["delay_ms"] = relay["rtt_ms"]
+    r["relay_tag"] = relay["tag"]
 
 
 def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
                       extra_env: dict[str, str], ctx: dict | None = None,
-                      job_extra: dict | None = None) -> dict:
+                      job_extra: dict | None = None, relay: dict | None = None) -> dict:
     events = work / f"events-{method}-{time.time():.0f}.jsonl"
     job = {"script": "allreduce.py", "code_src": str(work / "code"), "nproc_per_node": 1,
            **(job_extra or {})}
@@ -225,15 +241,24 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
         # A full launch ships changed code: the sync really sends, as after an edit.
         (work / "code" / "version.txt").write_text(f"{time.time()}\n")
     env = {**os.environ, **extra_env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(CP_DIR)}
+    inventory, cwd = str(cluster.inventory), ROOT
+    if relay:
+        # No Ansible configuration of the user's: an empty working directory, no ANSIBLE_CONFIG.
+        env = delay.torchherd_env(dict(os.environ), extra_env, relay["tag"], relay["cp_dir"])
+        inventory, cwd = str(relay["inventory"]), work / "no-ansible-cfg"
+        cwd.mkdir(exist_ok=True)
+        if method == "g":  # a relaunch that opens new SSH connections
+            relay["masters_ended"] = delay.cold(relay["cp_dir"])
+        before_relay = delay.snapshot(relay["stats"], relay["prefix"])
     before = mux_cpu()
     if ctx is not None:  # multiplexers left by the other view keep their CPUs otherwise
         cost.set_view(ctx["view"], [], {}, list(before))
     probe = probe_start(ctx)
     cpu0 = children_cpu()
     t0 = time.time()
-    proc = subprocess.run([PY, __file__, "_launch", json.dumps(job), str(cluster.inventory),
+    proc = subprocess.run([PY, __file__, "_launch", json.dumps(job), inventory,
                            str(work / "runs"), str(events)],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
+                          capture_output=True, text=True, env=env, cwd=cwd)
     done = time.time() - t0
     cpu = children_cpu() - cpu0
     mux = mux_delta(before)
@@ -243,6 +268,8 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
         log(f"{method} child failed rc={proc.returncode}: {proc.stderr[-3000:]}")
         r = {"method": method, "ok": False, "done_s": done, "cpu_s": cpu + mux}
         probe_end(ctx, probe, r)
+        if relay:
+            add_relay(r, relay, before_relay)
         return r
     run_dir = work / "runs" / res["run_id"]
     text = "\n".join(p.read_text(errors="replace") for p in run_dir.glob("nodes/*/node.log"))
@@ -266,6 +293,8 @@ def measure_torchherd(method: str, cluster: testbed.Cluster, work: Path,
     if not ok:
         r["failure"] = f"exit code {res['exit_code']}: {summary.get('reason') or problems}"[:300]
     probe_end(ctx, probe, r)
+    if relay:
+        add_relay(r, relay, before_relay)
     return r
 
 
@@ -359,7 +388,10 @@ def machine() -> dict:
             break
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip() or os.environ.get("BENCH_COMMIT")
+    full = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip() or None
     return {"nproc": os.cpu_count(), "cpu": model, "loadavg": os.getloadavg(), "commit": commit,
+            "commit_full": full,
             "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                        time.gmtime())}
@@ -375,7 +407,7 @@ def measure_idle(cgroups: dict[str, str], seconds: float = 5.0) -> dict[str, flo
 def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, str],
              watch: dict | None, alt_env: dict[str, str] | None = None,
              views: tuple[str, ...] = ("shared",), min_mem_gib: float = 2.0,
-             alt_job: dict | None = None) -> dict:
+             alt_job: dict | None = None, relays: dict[float, dict] | None = None) -> dict:
     name = f"bench{n}"
     log(f"up {name} ({n} nodes), free memory {cost.mem_available_gib():.1f} GiB")
     t_up = time.monotonic()
@@ -407,23 +439,54 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                             f"root@{node.ip}:/root/bench/"], check=True)
         port = 29600
         stopped = False
+        warmup = None
+        if relays:
+            # Each delay's inventory: the cluster's, ssh through that delay's ssh_config.
+            for d, relay in relays.items():
+                relay["inventory"] = delay.inventory(
+                    cluster.inventory, work / f"inventory-{n}-{delay.label(d)}ms.ini",
+                    relay["config"])
+                # torchherd's ssh multiplexers of this size and delay, kept between launches
+                relay["cp_dir"] = relay["cp_base"] / f"n{n}-{delay.label(d)}ms"
+            # One launch untimed: the code's first sync and the torch probe's cache, so that
+            # every d measured is a relaunch.
+            first = relays[min(relays)]
+            log(f"n={n}: an untimed first launch ({delay.label(first['rtt_ms'])} ms)")
+            lab = delay.label(first["rtt_ms"])
+            warmup = measure_torchherd("c", cluster, work, extra_env,
+                                       relay={**first, "tag": f"th-n{n}-{lab}ms-warmup",
+                                              "prefix": f"th-n{n}-{lab}ms-"})
+            log(f"n={n} first launch: done {warmup['done_s']:.2f} s ok={warmup['ok']} "
+                f"relay {warmup.get('relay')}")
         for view in views:
             cost.set_view(view, names, cgroups, list(mux_cpu()))
             idle = measure_idle(cgroups)
             idle_by_view[view] = statistics.median(idle.values())
             ctx = {"view": view, "cgroups": cgroups, "idle": idle}
             log(f"view {view}: idle node CPU {idle_by_view[view]:.4f} CPU-s/s per node")
+            # --delay-ms: every repetition runs every delay, each every method.
+            arms = [(d, m) for d in relays for m in methods] if relays else \
+                [(None, m) for m in methods]
             for rep in range(reps):
-                for m in methods:
+                for d, m in arms:
                     free = cost.mem_available_gib()
                     mem_low = min(mem_low, free)
                     if free < min_mem_gib:
                         log(f"only {free:.1f} GiB free: skipping {view} rep {rep} {m}")
                         continue
                     port += 1
+                    relay = None
+                    if relays:
+                        who = f"{'sh' if m in 'ab' else 'th'}-n{n}-{delay.label(d)}ms-"
+                        tag = f"{who}r{rep}-{m}"
+                        # pdsh's connections are its own; torchherd's may be the launch before
+                        # it's (ssh multiplexers): counted as what changed during the launch
+                        relay = {**relays[d], "tag": tag, "prefix": tag if m in "ab" else who}
                     try:
                         if m in "ab":
-                            r = measure_shell(m, cluster, port, ctx)
+                            r = measure_shell(m, cluster, port, ctx, relay)
+                        elif relay:
+                            r = measure_torchherd(m, cluster, work, extra_env, ctx, relay=relay)
                         elif m in ALT_METHODS:
                             r = measure_torchherd(m, cluster, work,
                                                   {**extra_env, **(alt_env or {})}, ctx,
@@ -438,10 +501,15 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                     results.append(r)
                     mem_low = min(mem_low, r.get("mem_available_min_gib", mem_low))
                     rt = r.get("round_trips") or {}
-                    log(f"n={n} {view} rep={rep} {m}: init {r.get('init_s') or 0:.2f} s done "
+                    rl = r.get("relay") or {}
+                    log(f"n={n} {view}{f' {d:g} ms' if relay else ''} rep={rep} {m}: init "
+                        f"{r.get('init_s') or 0:.2f} s done "
                         f"{r['done_s']:.2f} s cpu {r['cpu_s']:.2f} s "
                         f"mem {r.get('peak_rss_mb', 0):.0f} MB node cpu/node "
-                        f"{r.get('node_cpu_med', 0):.2f} s trips {rt.get('max')} ok={r['ok']}")
+                        f"{r.get('node_cpu_med', 0):.2f} s trips {rt.get('max')} ok={r['ok']}"
+                        + (f" connections {rl.get('connections')} exchanges "
+                           f"{rl.get('exchanges')} relay cpu {rl.get('relay_cpu_s')}"
+                           if relay else ""))
                     if r.get("killed_low_mem"):
                         log("memory ran low: the launch was killed, the size ends here")
                         stopped = True
@@ -465,12 +533,17 @@ def run_size(n: int, reps: int, work: Path, methods: str, extra_env: dict[str, s
                             log(f"watch{' ' + arm if arm else ''}: {w}")
     finally:
         cost.set_view("shared", [], {}, [])
+        if relays:
+            delay.kill_masters(next(iter(relays.values()))["cp_base"])
         t_down = time.monotonic()
         testbed.down(name)
         down_s = time.monotonic() - t_down
-    return {"nodes": n, "runs": results, "watch": watch_res, "idle_node_cpu": idle_by_view,
-            "up_s": up_s, "down_s": down_s, "mem_available_min_gib": mem_low,
-            "stopped_low_mem": stopped}
+    out = {"nodes": n, "runs": results, "watch": watch_res, "idle_node_cpu": idle_by_view,
+           "up_s": up_s, "down_s": down_s, "mem_available_min_gib": mem_low,
+           "stopped_low_mem": stopped}
+    if relays:
+        out.update(delays=sorted(relays), warmup=warmup)
+    return out
 
 
 def med(values: list) -> float | None:
@@ -889,6 +962,35 @@ def heavy_lock(take: bool):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def delay_docs(args: argparse.Namespace) -> int:
+    """--from with results of --delay-ms runs: their sizes together into the docs."""
+    infos, chosen = [], []
+    for item in args.from_json.split(","):
+        path, _sep, only = item.partition("#")
+        data = json.loads(Path(path).read_text())
+        wanted = {int(x) for x in only.split("+")} if only else None
+        picked = [sz for sz in data["sizes"] if wanted is None or sz["nodes"] in wanted]
+        chosen += picked
+        infos.append(dict(data["machine"], sizes=",".join(str(sz["nodes"]) for sz in picked),
+                          file=Path(path).name))
+    # Runs of one size from several files: their repetitions together.
+    merged: dict[int, dict] = {}
+    for sz in chosen:
+        into = merged.setdefault(sz["nodes"], {**sz, "runs": [], "delays": [], "warmups": []})
+        offset = 1 + max((r.get("rep", 0) for r in into["runs"]), default=-1)
+        into["runs"] += [dict(r, rep=r.get("rep", 0) + offset) for r in sz["runs"]]
+        into["delays"] = sorted(set(into["delays"]) | set(sz.get("delays") or []))
+        into["warmups"].append(sz.get("warmup"))
+    chosen = [merged[n] for n in sorted(merged)]
+    rows = delay.summarize(chosen)
+    command = args.command or infos[0].get("command", "")
+    delay.write_markdown(ROOT / "docs" / "benchmark.md", infos, rows, chosen, args.note,
+                         command)
+    delay.write_plot(ROOT / "docs" / "benchmark.png", rows)
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
 # The largest size the docs' model is fitted on (--fit-to).
 FIT_TO = 1 << 30
 
@@ -937,8 +1039,21 @@ def main() -> int:
                    help="fit the docs' model on sizes up to this many nodes only")
     p.add_argument("--watch-from", metavar="RESULTS",
                    help="with --from: the watch measurement of this results file instead")
+    p.add_argument("--delay-ms", metavar="RTT,...",
+                   help="round-trip times in ms (e.g. 1,20): every SSH connection of every "
+                        "method goes through bench/delay_relay.py, which adds that round trip; "
+                        "each repetition runs every delay; methods default to bgd (g: a relaunch "
+                        "that opens new SSH connections, d: one that reuses those of the "
+                        "launch before it), no watch; torchherd without the checkout's "
+                        "ansible.cfg (as a user with none)")
+    p.add_argument("--command", default="",
+                   help="with --from: the command line that docs/benchmark.md names")
     args = p.parse_args()
     FIT_TO = args.fit_to
+    if args.from_json and any("delays" in sz for item in args.from_json.split(",")
+                              for sz in json.loads(Path(item.partition("#")[0]).read_text())
+                              ["sizes"]):
+        return delay_docs(args)
     if args.from_json:
         files, chosen = [], []
         for item in args.from_json.split(","):
@@ -966,9 +1081,19 @@ def main() -> int:
     if args.alt_venv:
         alt_job = {"venv": {"lock": "requirements.lock", "find_links": [VENV_WHEELS],
                             "system_site_packages": True}}
+    delays = sorted({float(x) for x in args.delay_ms.split(",")}) if args.delay_ms else []
+    if delays and "--methods" not in " ".join(sys.argv):
+        args.methods = "bgd"
+    if delays and "--watch-nodes" not in " ".join(sys.argv):
+        args.watch_nodes = 0
     if not shutil.which("pdsh") and "b" in args.methods:
         raise SystemExit("pdsh not found: apt-get install -y pdsh")
     info = machine()
+    info.update(command=shlex.join([".venv/bin/python", "bench/run.py", *sys.argv[1:]]),
+                sizes=args.sizes)
+    if delays:
+        from driver import runner
+        info["own_ssh_args"] = getattr(runner, "OWN_SSH_ARGS", None)
     log(f"machine: {info}")
     work = Path(tempfile.mkdtemp(prefix="thbench-"))
     (work / "code").mkdir()
@@ -978,6 +1103,12 @@ def main() -> int:
         pure_wheel(work / "wheels", "thbench", "1.0", "one")
         shutil.copy(uv_wheel(), work / "wheels")
     CP_DIR.mkdir(exist_ok=True)
+    relays = None
+    if delays:
+        relays = delay.setup(work, delays)
+        cp_base = CP_DIR / f"delay-{os.getpid()}"
+        for relay in relays.values():
+            relay["cp_base"] = cp_base
     sizes = []
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
@@ -991,10 +1122,21 @@ def main() -> int:
             else ("shared",)
         with heavy_lock(n >= args.lock_from):
             sizes.append(run_size(n, reps, work, args.methods, extra_env, watch, alt_env,
-                                  views, args.min_mem_gib, alt_job))
+                                  views, args.min_mem_gib, alt_job,
+                                  {d: dict(r) for d, r in relays.items()} if relays else None))
         (out_dir / f"{stamp}{args.tag}.json").write_text(
             json.dumps({"machine": info, "env": extra_env, "alt_env": alt_env,
-                        "alt_job": alt_job, "sizes": sizes}, indent=1))
+                        "alt_job": alt_job, "sizes": sizes}, indent=1, default=str))
+    if relays:
+        shutil.rmtree(relays[delays[0]]["cp_base"], ignore_errors=True)
+        rows = delay.summarize(sizes)
+        if not args.tag:
+            delay.write_markdown(ROOT / "docs" / "benchmark.md", [info], rows, sizes,
+                                 args.note, info["command"])
+            delay.write_plot(ROOT / "docs" / "benchmark.png", rows)
+        print(json.dumps(rows, indent=1))
+        shutil.rmtree(work, ignore_errors=True)
+        return 0
     rows = summarize(sizes)
     if not args.tag:
         write_markdown(ROOT / "docs" / "benchmark.md", info, rows, sizes, args.note)
