@@ -25,7 +25,12 @@ if str(_REPO / "collection") not in sys.path:
     sys.path.insert(0, str(_REPO / "collection"))
 
 from tests.cluster import testbed  # noqa: E402
-from tests.integration.helpers import own_control_path  # noqa: E402
+from tests.integration.helpers import (  # noqa: E402
+    build_wheel,
+    checkout_key,
+    made_once,
+    own_control_path,
+)
 
 MakeCluster = Callable[..., testbed.Cluster]
 
@@ -46,6 +51,23 @@ def node_image() -> str:
             pytest.fail(f"TORCHHERD_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
         pytest.skip(reason)
     return testbed.build()
+
+
+@pytest.fixture(scope="session")
+def suite_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory the whole suite run shares: the xdist workers' base temps are folders of
+    the run's own, which pytest removes with the run's (it keeps the last few runs)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "shared"
+
+
+@pytest.fixture(scope="session")
+def wheel(suite_shared: Path) -> Path:
+    """The wheel of this checkout, built once for the suite run (helpers.build_wheel) and
+    shared by every test that installs it; keyed by the checkout's content, so a checkout
+    edited during the run gets a wheel of its own, as a fresh build would."""
+    built = made_once(suite_shared, f"wheel-{checkout_key()}", build_wheel)
+    return next((built / "dist").glob("torchherd-*.whl"))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ user runs it, a wait for a condition with a deadline, and the checks that a job 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,13 +56,47 @@ def own_control_path() -> Iterator[Path]:
         shutil.rmtree(cpdir, ignore_errors=True)
 
 
+def _tracked() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    return sorted(filter(None, listed))
+
+
+def checkout_key() -> str:
+    """A digest of the checkout's tracked files as they are now: what build_wheel packs."""
+    digest = hashlib.sha256()
+    for name in _tracked():
+        path = REPO / name
+        digest.update(name.encode() + b"\0")
+        if path.is_symlink():
+            digest.update(os.readlink(path).encode())
+        elif path.is_file():
+            digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def made_once(shared: Path, name: str, make: Callable[[Path], object]) -> Path:
+    """shared/name, filled by make(shared/name) by its first caller; later callers (other
+    pytest-xdist workers of the same run among them, under a file lock) wait for it and find it
+    made. A make that failed counts for nothing: the next caller starts over."""
+    shared.mkdir(parents=True, exist_ok=True)
+    target, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            make(target)
+            done.touch()
+    return target
+
+
 def build_wheel(root: Path) -> Path:
     """The wheel of this checkout's tracked files, built in a copy under `root` (building
     writes build/ and *.egg-info into the tree), as `pip wheel` builds it for a user."""
     source = root / "source"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
-                             check=True).stdout.decode().split("\0")
-    for name in filter(None, tracked):
+    for name in _tracked():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         if (REPO / name).is_symlink():  # the templates the wheel ships (torchherd/templates)
             os.symlink(os.readlink(REPO / name), source / name)
@@ -74,11 +111,22 @@ def build_wheel(root: Path) -> Path:
     return next(dist.glob("torchherd-*.whl"))
 
 
+def per_node(ask: Callable[[Any], T], nodes: Iterable[Any]) -> list[T]:
+    """ask(node) for each node, in the nodes' order, every node asked at once: each ask is a
+    podman exec or two (about 0.25 s each on a quiet machine, several times that on a busy one),
+    and the nodes answer independently."""
+    nodes = list(nodes)
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        return list(pool.map(ask, nodes))
+
+
 def assert_no_job_left(cluster: Any, pattern: str = JOB_PROCS,
                        nodes: Iterable[Any] | None = None) -> None:
     """No process whose command line matches `pattern` on the nodes (default: all of them)."""
-    for node in nodes or cluster.nodes:
-        assert cluster.pids(node, pattern) == [], f"a job process is left on {node.name}"
+    nodes = list(nodes or cluster.nodes)
+    found = per_node(lambda node: cluster.pids(node, pattern), nodes)
+    for node, pids in zip(nodes, found, strict=True):
+        assert pids == [], f"a job process is left on {node.name}"
 
 
 def assert_failed_fast(run_dir: Path, cluster: Any, rank: int, exception: str, returned: float,

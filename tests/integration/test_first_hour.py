@@ -12,7 +12,6 @@ which the page takes from $NODE_PYTHON: here the suite's own, as a user's would 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 
 from driver.paths import CHECKOUT
 from tests.integration.local_nodes import NODE_ROOTS
-from tests.integration.test_install import _clean_env, installed  # noqa: F401 (a fixture)
+from tests.integration.test_install import _clean_env
 
 pytestmark = pytest.mark.cluster
 
@@ -136,21 +135,19 @@ def run_in_one_shell(commands: list[str], cwd: Path, env: dict[str, str],
             for i in range(len(commands))]
 
 
-def test_the_first_hour_page_runs_as_shown(installed, tmp_path):  # noqa: F811
-    venv, _work = installed
+def test_the_first_hour_page_runs_as_shown(wheel, tmp_path):
     steps = steps_of(DOC.read_text(encoding="utf-8"))
     assert [s.command for s in steps] == [c for c, _ in CHECKS], "the page's commands changed"
     home = tmp_path / "home"
     home.mkdir()
-    # The wheel the fixture built, beside its venv, where the page's `pip install` finds it.
-    shutil.copy(next((venv.parent / "dist").glob("torchherd-*.whl")), home)
+    # The wheel of this checkout, where the page's `pip install` finds it.
+    shutil.copy(wheel, home)
     # A shell with no venv active: python3 is the suite's interpreter (not its venv), so the
-    # page's venv has no torch, as a new user's has not.
+    # page's venv has no torch, as a new user's has not. Its PATH: that bin/, then the system's.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(Path(sys.executable).resolve())
-    env = _clean_env(venv)
-    env["PATH"] = os.pathsep.join([str(bin_dir), "/usr/local/bin", "/usr/bin", "/bin"])
+    env = _clean_env(tmp_path)
     env["NODE_PYTHON"] = sys.executable
     try:
         results = run_in_one_shell([s.command for s in steps], home, env, timeout=900)

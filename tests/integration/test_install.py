@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from driver.paths import CHECKOUT
-from tests.integration.helpers import EXAMPLES, build_wheel
+from tests.integration.helpers import EXAMPLES, made_once
 
 pytestmark = pytest.mark.cluster
 
@@ -38,18 +38,22 @@ def _clean_env(venv: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(venv, workdir): the wheel built from this checkout, installed into a fresh venv."""
-    root = tmp_path_factory.mktemp("install")
-    started = time.monotonic()
-    wheel = build_wheel(root)
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    # Dependencies from the package index (pip's cache makes this quick after setup.sh).
-    pip = _run([venv / "bin" / "pip", "install", "-q", wheel], cwd=root, env=_clean_env(venv))
-    assert pip.returncode == 0, pip.stderr[-3000:]
-    print(f"wheel built and installed in {time.monotonic() - started:.1f} s", file=sys.stderr)
-    work = root / "work"
+def installed(wheel, suite_shared, tmp_path_factory):
+    """(venv, workdir): the wheel built from this checkout, installed into a fresh venv. The
+    venv is made once for the suite run (the module's tests in both their xdist groups use it;
+    none writes into it), the workdir is the module's own."""
+
+    def install(venv: Path) -> None:
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        # Dependencies from the package index (pip's cache makes this quick after setup.sh).
+        pip = _run([venv / "bin" / "pip", "install", "-q", wheel], cwd=venv,
+                   env=_clean_env(venv))
+        assert pip.returncode == 0, pip.stderr[-3000:]
+        print(f"wheel installed in {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+    venv = made_once(suite_shared, f"venv-{wheel.parents[1].name}", install)
+    work = tmp_path_factory.mktemp("install") / "work"
     work.mkdir()
     shutil.copytree(EXAMPLES, work / "code")
     return venv, work

@@ -14,7 +14,13 @@ from driver import launch
 from driver.api import Exit
 from driver.runner import run_playbook
 from driver.spec import JobSpecError
-from tests.integration.helpers import EXAMPLES, assert_failed_fast, assert_no_job_left, wait_for
+from tests.integration.helpers import (
+    EXAMPLES,
+    assert_failed_fast,
+    assert_no_job_left,
+    per_node,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -37,13 +43,14 @@ def act(action, cluster, runs, run_id):
 
 
 def running_everywhere(cluster, nodes=None):
-    return all(cluster.pids(n, r"allreduce\.py|train_ddp\.py") for n in (nodes or cluster.nodes))
+    return all(per_node(lambda n: cluster.pids(n, r"allreduce\.py|train_ddp\.py"),
+                        nodes or cluster.nodes))
 
 
 def reduced_everywhere(cluster, run_id):
     """Both ranks of every node printed their all-reduce: the job is past its start."""
-    logs = [cluster.exec(n, ["cat", f"/root/.torchherd/runs/{run_id}/node.log"],
-                         check=False).stdout for n in cluster.nodes]
+    logs = per_node(lambda n: cluster.exec(n, ["cat", f"/root/.torchherd/runs/{run_id}/node.log"],
+                                           check=False).stdout, cluster.nodes)
     return all(log.count("torchherd-allreduce ok") >= 2 for log in logs)
 
 

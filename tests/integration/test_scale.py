@@ -16,7 +16,7 @@ import pytest
 
 from driver import launch
 from driver.api import Exit
-from tests.integration.helpers import EXAMPLES
+from tests.integration.helpers import EXAMPLES, assert_no_job_left
 
 pytestmark = pytest.mark.cluster
 
@@ -87,5 +87,4 @@ def assert_failure_stops_every_node(cluster, inventory, runs_dir, run_id):
                                                                                 "failed"}
     print(f"{run_id}: {NODES} nodes, forks {FORKS}: failure -> all stopped {slowest:.1f} s, "
           f"-> launch returned {returned - failed_at:.1f} s")
-    for node in cluster.nodes:
-        assert cluster.pids(node, r"torch\.distributed\.run|allreduce\.py") == [], node.name
+    assert_no_job_left(cluster, r"torch\.distributed\.run|allreduce\.py")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.cluster import slurm as slurm_cluster
 from tests.cluster import testbed
-from tests.integration.helpers import EXAMPLES, REPO, build_wheel, wait_for
+from tests.integration.helpers import EXAMPLES, REPO, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -88,13 +89,13 @@ def node_logs(cluster, job_id, hosts, lines: int = 40) -> str:
         for host in hosts)
 
 
-def test_the_template_from_a_pip_install_runs_with_the_installed_torchherd(slurm, tmp_path):
+def test_the_template_from_a_pip_install_runs_with_the_installed_torchherd(slurm, wheel):
     """A user with torchherd from the wheel: a venv on every node (shared storage on a real
     site), `torchherd init` of a project, the venv activated before sbatch: the template finds
     the installed torchherd, with no checkout anywhere in its environment."""
-    wheel = build_wheel(tmp_path)
     venv, project = "/root/th-venv", "/root/th-project"
-    for node in (slurm.ctl, *slurm.nodes):
+
+    def install(node) -> None:
         testbed.podman("cp", str(wheel), f"{node.name}:/root/{wheel.name}")
         # The image's python3 has the driver's dependencies (no index in the cluster); its pip
         # installs into the venv it runs in.
@@ -103,6 +104,9 @@ def test_the_template_from_a_pip_install_runs_with_the_installed_torchherd(slurm
         slurm.exec(node, [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--no-deps",
                           "--no-index", f"/root/{wheel.name}"])
         slurm.exec(node, [f"{venv}/bin/torchherd", "init", project])
+
+    with ThreadPoolExecutor() as pool:  # every node's own install, all at once
+        list(pool.map(install, (slurm.ctl, *slurm.nodes)))
     job_id = None
     try:
         submitted = slurm.slurm([
@@ -122,11 +126,14 @@ def test_the_template_from_a_pip_install_runs_with_the_installed_torchherd(slurm
         # It was the installed torchherd that ran: its collection, not the checkout's.
         assert str(REPO) not in output
     finally:
-        for node in (slurm.ctl, *slurm.nodes):  # the next tests find the nodes as they were
+        def clean(node) -> None:  # the next tests find the nodes as they were
             slurm.exec(node, ["rm", "-rf", venv, project, f"/root/{wheel.name}",
                               f"/root/.torchherd/runs/slurm-{job_id}"], check=False)
             slurm.exec(node, ["find", "/root/.torchherd", "-maxdepth", "1", "-name", "runs",
                               "-empty", "-delete"], check=False)
+
+        with ThreadPoolExecutor() as pool:
+            list(pool.map(clean, (slurm.ctl, *slurm.nodes)))
 
 
 def test_inventory_lists_exactly_the_allocated_nodes(slurm):
