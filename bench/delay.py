@@ -120,7 +120,7 @@ def cold(cp_dir: Path) -> int:
     launch opens new connections."""
     killed = kill_masters(cp_dir)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_masters(cp_dir)):
+    while time.monotonic() < deadline and any(mux_pids(cp_dir)):
         time.sleep(0.05)
     if cp_dir.is_dir():
         for sock in cp_dir.iterdir():  # a socket a killed master left behind
@@ -453,7 +453,8 @@ def write_plot(path: Path, rows: list[dict]) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _masters(cp_dir: Path) -> list[int]:
+def mux_pids(cp_dir: Path) -> list[int]:
+    """The pids of the live ssh ControlPersist masters whose sockets are under cp_dir."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -471,7 +472,7 @@ def kill_masters(cp_dir: Path) -> int:
     """End the ssh ControlPersist masters this run left under cp_dir (found by their command
     line, ended by pid); their relays end with them."""
     killed = 0
-    for pid in _masters(cp_dir):
+    for pid in mux_pids(cp_dir):
         try:
             os.kill(pid, 15)
             killed += 1

@@ -93,17 +93,10 @@ def _stat(pid: int) -> tuple[int, float] | None:
 def mux_cpu() -> dict[int, float]:
     """CPU seconds of every live ssh ControlPersist master under CP_DIR, by pid."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if str(CP_DIR) in cmd and "[mux]" in cmd:
-            st = _stat(int(entry.name))
-            if st:
-                found[int(entry.name)] = st[1]
+    for pid in delay.mux_pids(CP_DIR):
+        st = _stat(pid)
+        if st:
+            found[pid] = st[1]
     return found
 
 

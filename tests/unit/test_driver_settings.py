@@ -49,6 +49,17 @@ def test_versions_agree():
             assert any(f"{entry['name']}" in t for t in texts), entry
 
 
+def without_ansible_configuration(tmp_path, monkeypatch, *variables):
+    """A caller in tmp_path with no Ansible configuration of their own (no ANSIBLE_CONFIG, no
+    ansible.cfg there or in HOME) and none of ``variables`` set; False where this machine has
+    /etc/ansible/ansible.cfg, which would be the caller's."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("ANSIBLE_CONFIG", *variables):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return not os.path.exists("/etc/ansible/ansible.cfg")
+
+
 def test_the_callers_environment_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     env = run_settings({"PATH": "/bin", "ANSIBLE_PIPELINING": "False",
@@ -63,10 +74,7 @@ def test_the_callers_environment_wins(tmp_path, monkeypatch):
 def test_a_caller_without_ansible_configuration_gets_the_drivers(tmp_path, monkeypatch):
     """internal_poll_interval has no environment variable: a configuration file sets it."""
     from ansible.config.manager import ConfigManager
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    if os.path.exists("/etc/ansible/ansible.cfg"):
+    if not without_ansible_configuration(tmp_path, monkeypatch):
         return  # this machine's own configuration is the caller's
     own = run_settings({"PATH": ""})["ANSIBLE_CONFIG"]
     assert own == str(OWN_CONFIG)
@@ -93,11 +101,7 @@ def test_one_worker_per_node_up_to_a_bound_unless_the_caller_sets_forks(tmp_path
     """Ansible's default of 5 forks runs 32 nodes in seven waves of every task: where the
     caller's configuration sets no forks, a run gets OWN_FORKS (ansible-core starts no more
     workers than a play has hosts); a caller's forks, in a file or the environment, hold."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
-    monkeypatch.delenv("ANSIBLE_FORKS", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    if os.path.exists("/etc/ansible/ansible.cfg"):
+    if not without_ansible_configuration(tmp_path, monkeypatch, "ANSIBLE_FORKS"):
         return  # this machine's own configuration is the caller's
     assert run_settings({"PATH": ""})["ANSIBLE_FORKS"] == str(OWN_FORKS) == "64"
     (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
@@ -145,11 +149,7 @@ def test_connections_are_kept_for_a_relaunch_unless_the_caller_sets_ssh_args(tmp
     """Where the caller's configuration sets no ssh_args, a run keeps each node's connection
     for ten minutes (Ansible's own 60 s would make a relaunch a few minutes later pay every
     handshake again); a caller's ssh_args, in a file or the environment, hold."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
-    monkeypatch.delenv("ANSIBLE_SSH_ARGS", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    if os.path.exists("/etc/ansible/ansible.cfg"):
+    if not without_ansible_configuration(tmp_path, monkeypatch, "ANSIBLE_SSH_ARGS"):
         return  # this machine's own configuration is the caller's
     assert run_settings({"PATH": ""})["ANSIBLE_SSH_ARGS"] == OWN_SSH_ARGS
     assert "ControlPersist=10m" in OWN_SSH_ARGS and "ControlMaster=auto" in OWN_SSH_ARGS
