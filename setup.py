@@ -1,20 +1,35 @@
 """The wheel's collection is what `ansible-galaxy collection install` makes of the collection's
 tarball: its files (galaxy.yml's build_ignore says which) with MANIFEST.json and FILES.json, so
 `ansible-galaxy collection verify` checks the pip-installed copy as it checks any other.
-Everything else about the build is in pyproject.toml."""
+The long description is the README with its relative links made absolute. Everything else
+about the build is in pyproject.toml."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-COLLECTION = Path(__file__).resolve().parent / "collection/ansible_collections/torchherd/cluster"
+ROOT = Path(__file__).resolve().parent
+COLLECTION = ROOT / "collection/ansible_collections/torchherd/cluster"
+# A Markdown link's target that names no scheme (http:, mailto:) and no anchor of the page.
+RELATIVE_LINK = re.compile(r"(\]\()(?![a-z][a-z0-9+.-]*:|#)([^)\s]+)(\))")
+
+
+def long_description() -> str:
+    """The README as a package index shows it: there a relative link resolves against no
+    repository, so each one names the file in the project's repository (its Repository URL)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    repository = project["urls"]["Repository"]
+    return RELATIVE_LINK.sub(rf"\g<1>{repository}/blob/main/\g<2>\g<3>",
+                             (ROOT / "README.md").read_text())
 
 
 def install_collection(into: Path) -> None:
@@ -46,4 +61,5 @@ class BuildPyWithCollection(build_py):
             install_collection(Path(self.build_lib).resolve())
 
 
-setup(cmdclass={"build_py": BuildPyWithCollection})
+setup(cmdclass={"build_py": BuildPyWithCollection},
+      long_description=long_description(), long_description_content_type="text/markdown")

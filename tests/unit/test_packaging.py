@@ -366,17 +366,25 @@ def test_the_wheels_collection_is_what_ansible_galaxy_installs(wheel, tmp_path):
     assert "internally consistent with its manifest" in done.stdout, done.stdout
 
 
-def test_the_long_descriptions_relative_links_name_repository_files(wheel):
-    """On a package index the README's relative links resolve against no repository: they name
-    files of the repository that the Repository and Documentation links lead to. Each one must
-    exist there."""
-    description = _metadata(wheel).get_payload()
-    assert description.strip() == (REPO / "README.md").read_text().strip()
-    targets = re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", description)
-    relative = [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+def test_the_long_descriptions_links_are_absolute_and_name_repository_files(wheel):
+    """On a package index a relative link resolves against no repository: the long description
+    is the README with each relative link made absolute, naming the file in the repository the
+    Repository link leads to. Each such file must exist, and nothing else of the README changes."""
+    meta = _metadata(wheel)
+    description = meta.get_payload()
+    repository = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))["Repository"]
+    readme = (REPO / "README.md").read_text()
+    link = r"\]\(([^)\s#]+)(?:#[^)]*)?\)"
+    relative = [t for t in re.findall(link, readme) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
     assert relative, "expected the README's links to docs/"
-    missing = [t for t in relative if not (REPO / t).exists()]
-    assert not missing, missing
+    targets = re.findall(link, description)
+    assert not [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)], targets
+    prefix = f"{repository}/blob/main/"
+    ours = [t.removeprefix(prefix) for t in targets if t.startswith(prefix)]
+    assert ours == relative, (ours, relative)
+    assert not [t for t in ours if not (REPO / t).exists()]
+    assert description.strip() == readme.strip().replace("](", "](" + prefix).replace(
+        "](" + prefix + "http", "](http").replace("](" + prefix + "#", "](#")
 
 
 # --- scripts/set-version.py ---------------------------------------------------------------------
