@@ -10,9 +10,22 @@ if ! command -v rsync >/dev/null; then
   apt-get update -qq && apt-get install -y -qq rsync openssh-client >/dev/null
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# pip byte-compiles what it installs one file at a time; --no-compile, then compile() below does
+# it on every core at once (a fresh venv: about 60 s of installing becomes 45 on 2 cores).
+# Where PYTHONDONTWRITEBYTECODE is set, nothing is compiled on import: the files must be now.
+compiled=
+compile() {
+  [ -n "$compiled" ] || return 0
+  # As pip does, a file that is not Python 3.11 (torch ships a few 3.12 test helpers) is left
+  # as it is.
+  local site
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  .venv/bin/python -m compileall -q -j 0 "$site" >/dev/null || true
+}
 # torch is pinned: any other version would pull gigabytes of CUDA packages.
 if ! .venv/bin/python -c 'import torch, numpy; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
-  .venv/bin/pip install -q torch==2.13.0 numpy
+  .venv/bin/pip install -q --no-compile torch==2.13.0 numpy
+  compiled=1
 fi
 # Every runtime and test dependency is named here, so that a venv made before one was added
 # gets it too.
@@ -20,8 +33,10 @@ if ! .venv/bin/python -c 'import driver, ansible_runner, argcomplete, pathspec, 
 assert tuple(map(int, pytest.__version__.split(".")[:2])) < (9, 2)
 import importlib.metadata, pathlib  # installed as the checkout says (VERSION changes on a release)
 assert importlib.metadata.version("torchherd") == pathlib.Path("VERSION").read_text().strip()' 2>/dev/null; then
-  .venv/bin/pip install -q -e '.[test]'
+  .venv/bin/pip install -q --no-compile -e '.[test]'
+  compiled=1
 fi
+compile
 # --cluster: also the container tooling and the node image; --cluster-tools: the tooling only
 # (scripts/test.sh builds the image beside the lint and the unit tests).
 case "${1:-}" in
