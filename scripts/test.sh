@@ -4,13 +4,11 @@
 # built here, beside the lint and the unit tests, which need none).
 #
 # What does not disturb each other runs side by side, each into a log of its own that is
-# printed whole when it ends: lint | unit tests | the node image build, and once the image is
-# there, the cluster tests (two pytest-xdist workers; tests/integration/conftest.py keeps the
-# tests of one shared cluster, and those on this machine's own nodes, in one worker each) | the
-# Molecule scenarios (clusters of their own, mol-*). The suite is bound by the CPU: the lint and
-# the unit tests (half of whose time is waiting, for barriers and timeouts) fill the cores where
-# the cluster tests wait (clusters coming up, the last tests of a worker), instead of the
-# cluster tests waiting for them.
+# printed whole when it ends:
+#   1. lint | unit tests | the node image build
+#   2. the cluster tests (two pytest-xdist workers; tests/integration/conftest.py keeps the tests
+#      of one shared cluster, and those on this machine's own nodes, in one worker each)
+#      | the Molecule scenarios (clusters of their own, mol-*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -59,13 +57,13 @@ if [ "${1:-}" = "quick" ]; then
   exit 0
 fi
 start image python -m tests.cluster.testbed build
-finish image
+finish image unit lint
 verdict
 
 start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
   --durations=30 --junitxml="$LOGS/cluster.xml" tests/integration
 start molecule scripts/molecule.sh
-finish unit lint cluster molecule
+finish cluster molecule
 if [ -s "$LOGS/cluster.xml" ]; then
   python scripts/slowest.py "$LOGS/cluster.xml" 30 >tests/slowest.md
 fi
