@@ -141,8 +141,15 @@ def _schedule_entries():
             yield name, spec["description"]
 
 
+# The controller-side code, outside the schedule itself, that works out a task's arguments from
+# the schedule (its parameter named `schedule`): plugins/plugin_utils/_node_args.py.
+ARG_CODE = "plugins/plugin_utils/_*.py"
+READ_IN = "read in (tasks, plays, argument code)"
+
+
 def _readers():
-    """The collection's task files and plays that read each entry of torchherd_schedule."""
+    """The collection's task files and plays that read each entry of torchherd_schedule, and
+    the code that works out their tasks' arguments from it (`schedule["start"]["module"]`)."""
     files = sorted(COLLECTION.glob("roles/*/tasks/*.yml"))
     files += sorted(COLLECTION.glob("playbooks/**/*.yml"))
     found = {}
@@ -152,6 +159,10 @@ def _readers():
         text = text.replace("(", "").replace(")", "")
         for ref in re.findall(r"torchherd_schedule((?:\.\w+)+)", text):
             found.setdefault(ref[1:], set()).add(str(path.relative_to(COLLECTION)))
+    for path in sorted(COLLECTION.glob(ARG_CODE)):
+        for ref in re.findall(r"\bschedule((?:\[\"\w+\"\])+)", path.read_text(encoding="utf-8")):
+            key = ".".join(re.findall(r"\w+", ref))
+            found.setdefault(key, set()).add(str(path.relative_to(COLLECTION)))
     return found
 
 
@@ -180,11 +191,16 @@ def _rules():
 
 
 def _node_readers(key):
-    """The collection's task files and playbooks that read a node decision."""
+    """The collection's task files and playbooks that read a node decision, and the code that
+    works out their tasks' arguments from it (`decide_node(...)["warm"]`)."""
     files = set()
     for path in sorted(COLLECTION.glob("**/*.yml")):
         text = path.read_text()
         if "torchherd.cluster.node_schedule" in text and f").{key}" in text:
+            files.add(str(path.relative_to(COLLECTION)))
+    for path in sorted(COLLECTION.glob(ARG_CODE)):
+        text = path.read_text(encoding="utf-8")
+        if "decide_node(" in text and f')["{key}"]' in text:
             files.add(str(path.relative_to(COLLECTION)))
     return ", ".join(f"`{f}`" for f in sorted(files))
 
@@ -199,7 +215,7 @@ def decisions():
     return (_source_note("plugins/filter/schedule.py",
                          "plugins/plugin_utils/_schedule/decisions.py",
                          "plugins/plugin_utils/_schedule/nodes.py")
-            + _table(["entry", "what it says", "why", "read in (tasks and plays)"], rows)
+            + _table(["entry", "what it says", "why", READ_IN], rows)
             + "\nThe decisions, in the order they are made (each reads those above it), and the "
               "rule each follows:\n\n"
             + _table(["decision", "rule", "why"], _rules())
@@ -209,7 +225,7 @@ def decisions():
             + "\nEach node's part, decided by the filter `torchherd.cluster.node_schedule` from "
               "the schedule and what preflight learnt of the node (`torchherd_facts`) or what its "
               "start did (`torchherd_start`), in the order they are made:\n\n"
-            + _table(["decision", "rule", "read in (tasks and plays)"],
+            + _table(["decision", "rule", READ_IN],
                      [[f"`{key}`", _text(decision.__doc__), _node_readers(key)]
                       for key, decision in NODE_DECISIONS]))
 
