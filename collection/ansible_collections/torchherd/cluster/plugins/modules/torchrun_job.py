@@ -295,7 +295,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl import act
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
-from ansible_collections.torchherd.cluster.plugins.module_utils._supervisor import StartError
+from ansible_collections.torchherd.cluster.plugins.module_utils._starterror import StartError
 
 
 def main():

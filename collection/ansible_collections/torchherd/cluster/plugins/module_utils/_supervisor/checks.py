@@ -13,14 +13,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import
     carry_over,
     read_record,
 )
-
-
-class StartError(Exception):
-    """Why the job cannot start here; `result` holds the fields that tell what is there."""
-
-    def __init__(self, msg, **result):
-        super().__init__(msg)
-        self.result = result
+from ansible_collections.torchherd.cluster.plugins.module_utils._starterror import StartError
 
 
 def keep_ended_run(p, paths, state):
