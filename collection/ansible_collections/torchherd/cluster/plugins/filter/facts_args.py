@@ -22,29 +22,15 @@ description:
     compiled and rendered again in every worker, one worker per node.
   - The venv stays the task's own argument, since the task reads the job's lock file on the
     controller, and only where the node has a venv.
+extends_documentation_fragment:
+  - torchherd.cluster._node_values
+  - torchherd.cluster._node_values.ARGUMENTS
 positional: _input, schedule, node, code, host, cache_seconds
 options:
-  _input:
-    description: The plan (C(torchherd_plan)).
-    type: dict
-    required: true
-  schedule:
-    description: The launch's schedule (C(torchherd_schedule)), empty where there is none (a
-      verify without a job); then no launcher starts ahead.
-    type: dict
-    required: true
-  node:
-    description: The plan's entry of the node (C(torchherd_node)).
-    type: dict
-    required: true
   code:
     description: The job's code as the plan hashed it (C(torchherd_code), C(files) and C(hash));
       empty where the run has none.
     type: dict
-    required: true
-  host:
-    description: The node's inventory name.
-    type: str
     required: true
   cache_seconds:
     description: How long the node's cached torch probe is trusted (C(torchherd_preflight_cache_s)).

@@ -25,14 +25,12 @@ description:
     and that node's values, in the same table as the schedule's own decisions
     (C(plugin_utils/_schedule/nodes.py), C(NODE_DECISIONS)); the plays pass the node's
     values in and read the answer.
+extends_documentation_fragment:
+  - torchherd.cluster._node_values
 positional: _input, node, facts, started
 options:
   _input:
     description: The launch's schedule (C(torchherd_schedule)).
-    type: dict
-    required: true
-  node:
-    description: The plan's entry of the node (C(torchherd_node)).
     type: dict
     required: true
   facts:

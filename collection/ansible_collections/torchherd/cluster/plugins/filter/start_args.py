@@ -16,39 +16,26 @@ author: torchherd developers
 version_added: 0.3.0
 short_description: The arguments of a node's start, from the plan, the schedule and the gate
 description:
-  - The arguments of M(torchherd.cluster.torchrun_job) with O(torchherd.cluster.torchrun_job#module:state=started)
-    on one node, computed in Python from the plan, the schedule, the gate's verdict and the
-    node's plan entry and facts, and handed to the task whole (its C(args) keyword). Written as
-    the task's own Jinja they were compiled and rendered again in every worker, one worker per
-    node.
+  - What a node's start (M(torchherd.cluster.torchrun_job), O(torchherd.cluster.torchrun_job#module:state=started))
+    is told - its launcher, script, ranks, master, barrier, environment, image, firewall rules
+    and the launcher started ahead - from the plan, the schedule, the gate's verdict and the
+    node's own entry and facts. The start task takes the answer whole (its C(args) keyword),
+    one filter call per node in place of some sixty Jinja templates compiled in each worker.
   - The job's secret values are not among them; the task names the variable that holds them
     (O(torchherd.cluster.torchrun_job#module:secret_env_var)).
 positional: _input, schedule, gate, node, facts, host
+extends_documentation_fragment:
+  - torchherd.cluster._node_values
+  - torchherd.cluster._node_values.ARGUMENTS
 options:
-  _input:
-    description: The plan (C(torchherd_plan)).
-    type: dict
-    required: true
-  schedule:
-    description: The launch's schedule (C(torchherd_schedule)).
-    type: dict
-    required: true
   gate:
     description: Preflight's verdict (C(torchherd_gate)) - process counts, the master port,
       the interfaces, the backend, the environment it derived per node.
     type: dict
     required: true
-  node:
-    description: The plan's entry of the node (C(torchherd_node)).
-    type: dict
-    required: true
   facts:
     description: Preflight's facts of the node (C(torchherd_facts)).
     type: dict
-    required: true
-  host:
-    description: The node's inventory name.
-    type: str
     required: true
   firewall:
     description: Whether the start opens the node's firewall rules in its own round trip
