@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""The slowest tests of a run, as a Markdown table:
-`scripts/slowest.py JUNIT_XML [N [WORKERS]] > FILE`.
+"""The slowest tests of a run, as a Markdown table: `scripts/slowest.py JUNIT_XML [N] > FILE`.
 
 scripts/test.sh writes tests/slowest.md from the cluster tests' JUnit report after every full
 run; commit it with a change to the suite, so that the cost of each test is seen where it
@@ -12,7 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def slowest(report: str, n: int, workers: int = 1) -> str:
+def slowest(report: str, n: int) -> str:
     suite = ET.parse(report).getroot()
     if suite.tag == "testsuites":
         suite = suite[0]
@@ -24,8 +23,7 @@ def slowest(report: str, n: int, workers: int = 1) -> str:
         f"# The {min(n, len(cases))} slowest cluster tests",
         "",
         f"From the last full `make test` (scripts/test.sh): {len(cases)} tests, "
-        f"{total / 60:.1f} min of test time in all, "
-        + (f"run side by side by {workers} workers." if workers > 1 else "run one after another."),
+        f"{total / 60:.1f} min of test time in all, run side by side by two workers.",
         "",
         "| seconds | test |",
         "|---:|---|",
@@ -35,6 +33,4 @@ def slowest(report: str, n: int, workers: int = 1) -> str:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    sys.stdout.write(slowest(args[0], int(args[1]) if len(args) > 1 else 30,
-                             int(args[2]) if len(args) > 2 else 1))
+    sys.stdout.write(slowest(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30))

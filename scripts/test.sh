@@ -6,8 +6,8 @@
 # What does not disturb each other runs side by side, each into a log of its own that is
 # printed whole when it ends:
 #   1. lint | unit tests | the node image build
-#   2. the cluster tests (WORKERS pytest-xdist workers; tests/integration/conftest.py keeps the
-#      tests of one shared cluster, and those on this machine's own nodes, in one worker each)
+#   2. the cluster tests (two pytest-xdist workers; tests/integration/conftest.py keeps the tests
+#      of one shared cluster, and those on this machine's own nodes, in one worker each)
 #      | the Molecule scenarios (clusters of their own, mol-*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,15 +60,11 @@ start image python -m tests.cluster.testbed build
 finish image unit lint
 verdict
 
-# Three workers on two cores: the cluster tests wait as well as compute (their jobs' own
-# timeouts, a lost node's detection, a standby's delay), and with two workers the machine was
-# idle about 8 % of the run. The longest group (cluster3, about 18 min) is a worker's alone.
-WORKERS=${TORCHHERD_TEST_WORKERS:-3}
-start cluster python -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadgroup \
+start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
   --durations=30 --junitxml="$LOGS/cluster.xml" tests/integration
 start molecule scripts/molecule.sh
 finish cluster molecule
 if [ -s "$LOGS/cluster.xml" ]; then
-  python scripts/slowest.py "$LOGS/cluster.xml" 30 "$WORKERS" >tests/slowest.md
+  python scripts/slowest.py "$LOGS/cluster.xml" 30 >tests/slowest.md
 fi
 verdict
