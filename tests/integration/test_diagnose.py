@@ -5,6 +5,7 @@ outside the collective, and stacks of a healthy job left running. Real SSH, gloo
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from driver import launch, stacks, status, stop, verify
 from driver.api import Exit
-from tests.integration.helpers import EXAMPLES, assert_no_job_left
+from tests.integration.helpers import EXAMPLES, assert_no_job_left, per_node, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -99,7 +100,15 @@ def test_stacks_of_a_healthy_detached_job_leave_it_running(uneven, tmp_path):
                      uneven.inventory, runs_dir=tmp_path)
     assert started.ok, started.reason
     try:
-        # Until every rank is in the job's own loop (not still importing torch).
+        # Until every rank is in the job's own loop (not still importing torch): first as each
+        # node's log tells it (a look that costs no playbook run), then as the stacks show it.
+        def in_loop(node) -> bool:
+            log = uneven.exec(node, ["cat", "/root/.torchherd/runs/healthy/node.log"],
+                              check=False).stdout
+            return len(set(re.findall(r"torchherd-stall rank=(\d+) step=[1-9]", log))) == 2
+
+        wait_for(lambda: all(per_node(in_loop, uneven.nodes)), 90, "every rank's steps",
+                 interval=1)
         deadline = time.monotonic() + 90
         while True:
             result = stacks("healthy", runs_dir=tmp_path)

@@ -17,7 +17,7 @@ import pytest
 
 from driver import collect, launch, launch_async, status
 from tests.cluster import testbed
-from tests.integration.helpers import EXAMPLES, assert_no_job_left, wait_for
+from tests.integration.helpers import EXAMPLES, assert_no_job_left, per_node, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -165,7 +165,17 @@ def test_a_detached_job_resumes_on_its_standby_without_the_controller(cluster4, 
 
     killed_at = kill_after_three_epochs(cluster, "standby", 2)
 
-    deadline = time.monotonic() + 300
+    # Until the job ended on every node left (its run record says so on the node: a look that
+    # costs no playbook run, where each status below is one, on every node), then status says
+    # so too.
+    def ended(node: testbed.Node) -> bool:
+        record = cluster.exec(node, ["cat", "/root/.torchherd/runs/standby/run.json"],
+                              check=False).stdout
+        return bool(record) and json.loads(record).get("job", {}).get("ended_at") is not None
+
+    left = [cluster.nodes[0], cluster.nodes[1], cluster.nodes[3]]
+    wait_for(lambda: all(per_node(ended, left)), 300, "the job's end on the nodes left", interval=1)
+    deadline = time.monotonic() + 60
     while True:
         seen = status("standby", runs_dir=tmp_path)
         if not any(h["state"] == "running" for h in seen.hosts.values()):
