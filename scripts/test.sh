@@ -8,7 +8,9 @@
 #   1. unit tests (two pytest-xdist workers: half their time is waiting) | the node image build
 #   2. the cluster tests (two pytest-xdist workers; tests/integration/conftest.py keeps the tests
 #      of one shared cluster, and those on this machine's own nodes, in one worker each)
-#      | the Molecule scenarios (clusters of their own, mol-*)
+#      | the Molecule scenarios (clusters of their own, mol-*), niced: the cluster tests'
+#        timed checks (a failure's stop within seconds, the live view's lag) come first, and
+#        Molecule's six scenarios fill the cores beside them
 #      | lint, on the CPU time nothing else wants (SCHED_IDLE): the cluster tests leave the
 #        cores idle about a tenth of their time, waiting on their jobs, and lint (about two
 #        minutes of CPU, none of it timed) fits there instead of holding up stage 1.
@@ -67,7 +69,7 @@ start lint chrt --idle 0 scripts/lint.sh
 
 start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
   --durations=30 --junitxml="$LOGS/cluster.xml" tests/integration
-start molecule scripts/molecule.sh
+start molecule nice -n 10 scripts/molecule.sh
 finish cluster molecule lint
 if [ -s "$LOGS/cluster.xml" ]; then
   python scripts/slowest.py "$LOGS/cluster.xml" 30 >tests/slowest.md
