@@ -13,7 +13,8 @@
 #        Molecule's six scenarios fill the cores beside them
 #      | lint, on the CPU time nothing else wants (SCHED_IDLE): the cluster tests leave the
 #        cores idle about a tenth of their time, waiting on their jobs, and lint (about two
-#        minutes of CPU, none of it timed) fits there instead of holding up stage 1.
+#        minutes of CPU, none of it timed) fits there instead of holding up stage 1; what is
+#        left of it when the others end goes on at the normal priority.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -65,12 +66,19 @@ start image python -m tests.cluster.testbed build
 finish image unit
 verdict
 
-start lint chrt --idle 0 scripts/lint.sh
+# In a session of its own (setsid), so that what is left of it can be found and given the
+# normal priority back once nothing of the suite wants the CPU (below): on a machine that other
+# work keeps busy, SCHED_IDLE alone could hold it back for as long as that work lasts.
+start lint setsid chrt --idle 0 scripts/lint.sh
 
 start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
   --durations=30 --junitxml="$LOGS/cluster.xml" tests/integration
 start molecule nice -n 10 scripts/molecule.sh
-finish cluster molecule lint
+finish cluster molecule
+for pid in $(ps -o pid= -s "${PIDS[lint]}" 2>/dev/null || true); do
+  chrt --other -a -p 0 "$pid" >/dev/null 2>&1 || true
+done
+finish lint
 if [ -s "$LOGS/cluster.xml" ]; then
   python scripts/slowest.py "$LOGS/cluster.xml" 30 >tests/slowest.md
 fi
