@@ -232,6 +232,13 @@ def build(*, force: bool = False, stream: bool = False) -> str:
     return tag
 
 
+def build_base(*, stream: bool = False) -> None:
+    """Only the base image (no-op when present): it needs neither torch nor the wheelhouse, so
+    scripts/setup.sh makes it while the venv is installed."""
+    with _locked("build"):
+        _timed("base image", lambda: ensure_base_image(stream=stream))
+
+
 def ensure_wheelhouse() -> Path:
     """Download torch and numpy wheels for the nodes' python into the state dir, once."""
     wheelhouse = state_dir() / "wheelhouse"
@@ -1088,6 +1095,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="build the node image (no-op when present)")
     build_cmd.add_argument("--force", action="store_true", help="rebuild the node image")
+    commands.add_parser("base", help="build only the base image (no-op when present)")
     up_cmd = commands.add_parser("up", help="start or recreate a cluster, wait for SSH")
     up_cmd.add_argument("name")
     up_cmd.add_argument("-n", "--nodes", type=int, default=3)
@@ -1119,6 +1127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> None:
     if args.command == "build":
         print(build(force=args.force, stream=True))
+    elif args.command == "base":
+        build_base(stream=True)
     elif args.command == "up":
         cluster = up(
             args.name,
