@@ -6,10 +6,8 @@
 # What does not disturb each other runs side by side, each into a log of its own that is
 # printed whole when it ends:
 #   1. unit tests (two pytest-xdist workers: half their time is waiting) | the node image build
-#      | the cluster tests on this machine's own nodes (one pytest run: they need no image, and
-#        go on into stage 2)
-#   2. the cluster tests on container clusters (two pytest-xdist workers; tests/integration/
-#      conftest.py keeps the tests of one shared cluster in one worker)
+#   2. the cluster tests (two pytest-xdist workers; tests/integration/conftest.py keeps the tests
+#      of one shared cluster, and those on this machine's own nodes, in one worker each)
 #      | the Molecule scenarios (clusters of their own, mol-*), niced: the cluster tests'
 #        timed checks (a failure's stop within seconds, the live view's lag) come first, and
 #        Molecule's six scenarios fill the cores beside them
@@ -65,13 +63,6 @@ if [ "${1:-}" = "quick" ]; then
   exit 0
 fi
 start image python -m tests.cluster.testbed build
-# The cluster tests on this machine's own nodes need no node image: they start now, beside the
-# image build (its apt and pip steps leave a core idle about half their time), in a pytest run
-# of their own (they run one after the other anyway: tests/integration/conftest.py), and go on
-# beside the container tests. The two runs share the suite's wheel.
-export TORCHHERD_TEST_SHARED="$LOGS/shared"
-start local python -m pytest -q -p no:cacheprovider --nodes local \
-  --durations=15 --junitxml="$LOGS/local.xml" tests/integration
 finish image unit
 verdict
 
@@ -80,15 +71,15 @@ verdict
 # work keeps busy, SCHED_IDLE alone could hold it back for as long as that work lasts.
 start lint setsid chrt --idle 0 scripts/lint.sh
 
-start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --nodes containers \
+start cluster python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
   --durations=30 --junitxml="$LOGS/cluster.xml" tests/integration
 start molecule nice -n 10 scripts/molecule.sh
-finish local cluster molecule
+finish cluster molecule
 for pid in $(ps -o pid= -s "${PIDS[lint]}" 2>/dev/null || true); do
   chrt --other -a -p 0 "$pid" >/dev/null 2>&1 || true
 done
 finish lint
-if [ -s "$LOGS/local.xml" ] && [ -s "$LOGS/cluster.xml" ]; then
-  python scripts/slowest.py "$LOGS/local.xml" "$LOGS/cluster.xml" 30 >tests/slowest.md
+if [ -s "$LOGS/cluster.xml" ]; then
+  python scripts/slowest.py "$LOGS/cluster.xml" 30 >tests/slowest.md
 fi
 verdict

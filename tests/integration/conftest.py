@@ -38,16 +38,6 @@ MakeCluster = Callable[..., testbed.Cluster]
 _CLUSTER3_SUBNET = 1
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--nodes",
-        choices=("all", "local", "containers"),
-        default="all",
-        help="which cluster tests to run: those on this machine's own nodes (local: no node "
-        "image, so they can run while it is built), the others (containers), or all",
-    )
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: needs the podman container cluster")
 
@@ -66,11 +56,7 @@ def node_image() -> str:
 @pytest.fixture(scope="session")
 def suite_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory the whole suite run shares: the xdist workers' base temps are folders of
-    the run's own, which pytest removes with the run's (it keeps the last few runs). Where one
-    suite runs as several pytest runs side by side (scripts/test.sh), TORCHHERD_TEST_SHARED
-    names the directory they share (the wheel is built once for all of them)."""
-    if os.environ.get("TORCHHERD_TEST_SHARED"):
-        return Path(os.environ["TORCHHERD_TEST_SHARED"])
+    the run's own, which pytest removes with the run's (it keeps the last few runs)."""
     base = tmp_path_factory.getbasetemp()
     return (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "shared"
 
@@ -172,13 +158,6 @@ def run_groups(items: Sequence[pytest.Item]) -> dict[str, str]:
 # Before xdist's own hook, which reads the groups into the tests' ids.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # --nodes: the two halves together are every test (scripts/test.sh runs the local ones while
-    # the node image is built, the others once it is there).
-    wanted = config.getoption("--nodes")
-    if wanted != "all":
-        keep = [item for item in items if _on_local_nodes(item) == (wanted == "local")]
-        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-        items[:] = keep
     for item, group in zip(items, run_groups(items).values(), strict=True):
         item.add_marker(pytest.mark.xdist_group(group))
 
