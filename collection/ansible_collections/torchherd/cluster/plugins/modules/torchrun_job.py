@@ -171,7 +171,8 @@ nodes:
       and memory (C(cpu 42% 3.0G)); said when it changed, at most once a second. C(gpu_util),
       its GPUs' mean utilization (null without GPUs), and C(idle_for), where its GPUs sat below
       5% while another node's were at 30% or more for 15 s or longer - the seconds of that spell.
-    - Empty where no node of the gang said a line yet.
+    - Empty where no node of the gang said a line or its use yet. A node whose use came before
+      its first line (its ranks still importing, say) has an empty C(last_line) and a null C(at).
   returned: with O(gang)
   type: dict
   sample: {"node0": {"last_line": "[default0]:step 40 loss 0.61", "at": 1763700009.8},
