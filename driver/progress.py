@@ -40,6 +40,7 @@ from driver.logs import LogLine, parse_line
 # module of this table changes the contract: change it here too.
 PHASES: dict[str, str | dict[str, str]] = {
     "torchherd.cluster.code_hash": "plan",
+    "torchherd.cluster.plan_run": "plan",
     "torchherd.cluster.run_record": {"plan": "plan", "preflight": "preflight"},
     "torchherd.cluster.node_facts": "preflight",
     "torchherd.cluster.tcp_probe": "preflight",
@@ -375,13 +376,14 @@ class Progress:
     def _controller(self, kind: str, phase: str, res: dict[str, Any]) -> list[str]:
         plan = (res.get("ansible_facts") or {}).get("torchherd_plan")
         schedule = (res.get("ansible_facts") or {}).get("torchherd_schedule")
-        if kind == "runner_on_ok" and isinstance(schedule, dict):
-            return self._schedule(schedule)
+        # The plan role hands both on in one task; choose.yml (spares) in one each.
         if kind == "runner_on_ok" and isinstance(plan, dict):
             self.static = (plan.get("job") or {}).get("rdzv", "static") == "static"
             if isinstance(plan.get("nproc_per_node"), int):
                 self.nproc = plan["nproc_per_node"]
-        elif kind == "runner_item_on_ok" and "add_host" in res:
+        if kind == "runner_on_ok" and (isinstance(plan, dict) or isinstance(schedule, dict)):
+            return self._schedule(schedule) if isinstance(schedule, dict) else []
+        if kind == "runner_item_on_ok" and "add_host" in res:
             added = res["add_host"]
             row = self._row(added.get("host_name", ""))
             node = (added.get("host_vars") or {}).get("torchherd_node") or {}

@@ -51,3 +51,18 @@ def test_the_summary_takes_the_recorded_marks_and_the_tasks_over_them(tmp_path: 
         _run(RunSummary, {"run_dir": str(run_dir), "plan": plan, "results": {},
                           "marks": {"preflight": 104.0}})
     assert write.call_args.args[3] == {"plan": 101.0, "preflight": 104.0}
+
+
+def test_the_summary_records_the_phase_that_ends_as_it_begins(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    (run_dir / "marks.json").write_text(json.dumps({"plan": 101.0, "watch": 108.0}))
+    plan = {"run_id": "r1", "started_at": 100.0, "job": {"name": "j"}, "nodes": [],
+            "master": {"host": "n0"}}
+    with mock.patch("ansible_collections.torchherd.cluster.plugins.action.run_summary"
+                    ".write_summary", return_value=({}, "", "")) as write:
+        _run(RunSummary, {"run_dir": str(run_dir), "plan": plan, "results": {},
+                          "mark": "collect"})
+    marks = json.loads((run_dir / "marks.json").read_text())
+    assert set(marks) == {"plan", "watch", "collect"} and marks["collect"] > 108.0
+    assert write.call_args.args[3] == marks

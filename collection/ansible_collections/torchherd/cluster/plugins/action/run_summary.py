@@ -13,6 +13,7 @@ import os
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_files import MARKS, read_json
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_record import record
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import write_summary
 
 _ARGS = {
@@ -21,6 +22,7 @@ _ARGS = {
     "results": {"type": "dict", "required": True},
     "marks": {"type": "dict", "default": {}},
     "not_asked": {"type": "list", "elements": "str", "default": []},
+    "mark": {"type": "str", "default": ""},
 }
 
 
@@ -32,6 +34,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self.validate_argument_spec(argument_spec=_ARGS)[1]
         run_dir = os.path.expanduser(args["run_dir"])
+        if args["mark"]:  # the phase that ends as the summary begins (a launch's collect)
+            record(run_dir, {}, mark=args["mark"])
         # The phases' ends as the launch recorded them (run_record's mark), the task's over them.
         marks = {**(read_json(os.path.join(run_dir, MARKS)) or {}), **args["marks"]}
         summary, text, path = write_summary(run_dir, args["plan"], args["results"], marks,

@@ -61,6 +61,17 @@ options:
     type: list
     elements: str
     default: []
+  mark:
+    description:
+      - The phase of the launch that ends as the summary begins (C(collect) for a launch, with
+        the teardown of the rules left in place). Its time goes into the run
+        directory's C(marks.json) first, as M(torchherd.cluster.run_record)'s
+        O(torchherd.cluster.run_record#module:mark) does, so that the launch needs no task of
+        its own for it.
+      - Empty (status, stop, collect) records no mark.
+    type: str
+    default: ""
+    version_added: 0.3.0
 """
 
 EXAMPLES = r"""
