@@ -432,3 +432,14 @@ def test_the_checkouts_playbooks_find_the_collection_from_any_directory(tmp_path
     assert "playbook: " in done.stdout
     link = REPO / "playbooks" / "collections"
     assert link.is_symlink() and link.resolve() == (REPO / "collection").resolve()
+
+
+def test_every_playbook_passes_ansible_playbooks_syntax_check(tmp_path):
+    """--syntax-check templates each play's hosts with no hostvars and no facts: a play that takes
+    its hosts from the run's schedule (launch.yml's Watch and Teardown) must still pass it."""
+    env = _env(tmp_path)
+    books = sorted(p for p in (REPO / "playbooks").glob("*.yml") if p.is_file())
+    assert {"launch.yml", "verify.yml", "stop.yml"} <= {p.name for p in books}
+    done = _run([BIN / "ansible-playbook", "--syntax-check", "-i", "localhost,", *books],
+                tmp_path, env)
+    assert done.stdout.count("playbook: ") == len(books), done.stdout
