@@ -273,7 +273,10 @@ def run_playbook(
         with contextlib.ExitStack() as pipes:
             extravars_pipe = pipes.enter_context(handed_over(
                 private / "extravars",
-                {**extravars, **({"torchherd_driver_version": version} if version else {})}))
+                {**extravars, **({"torchherd_driver_version": version} if version else {}),
+                 # The driver shows the summary's table itself: the playbook's own table task
+                 # runs only where the run failed.
+                 "torchherd_summary_show": False}))
             pipes.enter_context(drained(private / "artifacts" / ident / "command"))
             result = ansible_runner.run(
                 private_data_dir=str(private),
