@@ -242,11 +242,13 @@ def test_the_live_view_shows_every_nodes_own_line_about_two_seconds_behind(clust
     # Each line arrives a second or two after its rank printed it (a round trip of the wait
     # and the task's next try on top; 1.3-2.0 s here on a quiet machine). The bounds hold on a
     # loaded 2-core machine and still fail where lines came only with the watch's 5 s rounds
-    # (a line printed just after a round waits 5 s for the next).
+    # (a line printed just after a round waits 5 s for the next): the median, and every line
+    # but the slowest, which may meet one stall of a loaded machine (5.4 s once in a full run of
+    # the suite, the other five of that node 0.6-1.5 s).
     for host, seen in lags.items():
-        assert seen, f"no line of {host} came back while the job ran"
+        assert len(seen) >= 3, f"{len(seen)} lines of {host} came back while the job ran"
         seen.sort()
-        assert seen[len(seen) // 2] < 3.0 and seen[-1] < 5.0, (host, seen)
+        assert seen[len(seen) // 2] < 3.0 and seen[-2] < 5.0 and seen[-1] < 10.0, (host, seen)
     assert_no_job_left(cluster3)
 
 
