@@ -59,3 +59,14 @@ def test_other_failures_are_not_asked_again():
     with pytest.raises(AnsibleConnectionFailure, match="Connection refused"):
         plugin.run(task_vars={})
     plugin._low_level_execute_command.assert_not_called()
+
+
+def test_the_option_arguments_is_spread_into_the_modules_arguments():
+    # Preflight hands filter facts_args' answer on whole, beside the venv; an option given on
+    # its own wins.
+    plugin = action({"changed": False})
+    plugin._task.args = {"venv": {}, "root": "/r",
+                         "arguments": {"root": "~/.torchherd", "python": "/usr/bin/python3"}}
+    plugin.run(task_vars={})
+    assert plugin._execute_module.call_args.kwargs["module_args"] == {
+        "venv": {}, "root": "/r", "python": "/usr/bin/python3"}

@@ -1,7 +1,7 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""Action for torchherd.cluster.node_facts: the module as usual, and ssh's own reason where
-Ansible lost it.
+"""Action for torchherd.cluster.node_facts: the module with its option `arguments` spread into
+its arguments (plugin_utils/_node_args.py), and ssh's own reason where Ansible lost it.
 
 With pipelining Ansible writes the module to ssh's stdin at once. Where ssh has already ended
 (an unknown host key, a refused key), the write fails and Ansible reports only "Data could not
@@ -16,6 +16,8 @@ from __future__ import annotations
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._node_args import spread_arguments
+
 # Ansible's words where ssh ended before the module could be written to it.
 _NOT_SENT = "could not be sent"
 
@@ -27,7 +29,8 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         try:
-            result.update(self._execute_module(task_vars=task_vars))
+            result.update(self._execute_module(module_args=spread_arguments(self._task.args),
+                                               task_vars=task_vars))
         except AnsibleConnectionFailure as lost:
             if _NOT_SENT not in str(lost):
                 raise

@@ -3,7 +3,9 @@
 """Action for torchherd.cluster.torchrun_job: secrets that no task argument holds, and a wait
 that survives one SSH hiccup.
 
-The module runs on the node as usual. With secret_env_var, the secret values of the job that
+The module runs on the node as usual, with its option `arguments` (the start's arguments as
+filter start_args computes them, handed on whole) spread into its other arguments. With
+secret_env_var, the secret values of the job that
 variable holds join the module's arguments here, at run time: callbacks see every task's
 arguments once templated (no_log does not hide them from a callback that records results),
 so the start task names the variable and holds no value.
@@ -34,6 +36,7 @@ from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.vars import merge_hash
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._node_args import spread_arguments
 
 
 class HangWatch:
@@ -112,7 +115,15 @@ class ActionModule(NormalAction):
     """The module as any other (temporary files, async), with a second try for a wait."""
 
     def run(self, tmp=None, task_vars=None):
-        result = self._run(tmp, task_vars)
+        # The option `arguments` (the start's, from filter start_args) spread into the others,
+        # for every path below.
+        original = self._task.args
+        if "arguments" in original:
+            self._task.args = spread_arguments(original)
+        try:
+            result = self._run(tmp, task_vars)
+        finally:
+            self._task.args = original
         if isinstance(result, dict) and not result.get("unreachable"):
             result["received_at"] = time.time()
         return result

@@ -18,8 +18,9 @@ short_description: The arguments of a node's preflight facts call, from the plan
 description:
   - The arguments of M(torchherd.cluster.node_facts) on one node but its O(torchherd.cluster.node_facts#module:venv),
     computed in Python from the plan, the schedule, the code's hash and the node's plan entry,
-    and handed to the task whole (its C(args) keyword). Written as the task's own Jinja they were
-    compiled and rendered again in every worker, one worker per node.
+    and handed to the task whole, as the module's O(torchherd.cluster.node_facts#module:arguments).
+    Written as the task's own Jinja they were compiled and rendered again in every worker, one
+    worker per node.
   - The venv stays the task's own argument, since the task reads the job's lock file on the
     controller, and only where the node has a venv.
 extends_documentation_fragment:
@@ -42,9 +43,9 @@ EXAMPLES = r"""
 - name: Gather node facts
   torchherd.cluster.node_facts:
     venv: {}
-  args: >-
-    {{ torchherd_plan | torchherd.cluster.facts_args(torchherd_schedule | default({}),
-       torchherd_node, torchherd_code | default({}), inventory_hostname, 86400) }}
+    arguments: >-
+      {{ torchherd_plan | torchherd.cluster.facts_args(torchherd_schedule | default({}),
+         torchherd_node, torchherd_code | default({}), inventory_hostname, 86400) }}
 """
 
 RETURN = r"""

@@ -19,8 +19,9 @@ description:
   - What a node's start (M(torchherd.cluster.torchrun_job), O(torchherd.cluster.torchrun_job#module:state=started))
     is told - its launcher, script, ranks, master, barrier, environment, image, firewall rules
     and the launcher started ahead - from the plan, the schedule, the gate's verdict and the
-    node's own entry and facts. The start task takes the answer whole (its C(args) keyword),
-    one filter call per node in place of some sixty Jinja templates compiled in each worker.
+    node's own entry and facts. The start task hands the answer on whole, as the module's
+    O(torchherd.cluster.torchrun_job#module:arguments), one filter call per node in place of
+    some sixty Jinja templates compiled in each worker.
   - The job's secret values are not among them; the task names the variable that holds them
     (O(torchherd.cluster.torchrun_job#module:secret_env_var)).
 positional: _input, schedule, gate, node, facts, host
@@ -57,9 +58,9 @@ EXAMPLES = r"""
 - name: Start torchrun on every node
   torchherd.cluster.torchrun_job:
     secret_env_var: torchherd_job
-  args: >-
-    {{ torchherd_plan | torchherd.cluster.start_args(torchherd_schedule, torchherd_gate,
-       torchherd_node, torchherd_facts, inventory_hostname) }}
+    arguments: >-
+      {{ torchherd_plan | torchherd.cluster.start_args(torchherd_schedule, torchherd_gate,
+         torchherd_node, torchherd_facts, inventory_hostname) }}
 """
 
 RETURN = r"""

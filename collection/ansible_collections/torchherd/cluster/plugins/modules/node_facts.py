@@ -32,10 +32,11 @@ extends_documentation_fragment:
 attributes:
   action:
     details:
-      - The module runs on the node. Where ssh ended before Ansible could write the module to
-        it (Ansible then reports only that the data could not be sent), the action asks the node
-        once more with a command that sends nothing, and the node is unreachable with what ssh
-        said to that (an unknown host key, a refused key).
+      - The module runs on the node, with O(arguments) spread into its other arguments. Where
+        ssh ended before Ansible could write the module to it (Ansible then reports only that
+        the data could not be sent), the action asks the node once more with a command that
+        sends nothing, and the node is unreachable with what ssh said to that (an unknown host
+        key, a refused key).
   check_mode:
     details: It reads and reports; it writes its own cache of the torch probe
       (O(cache_seconds)), in check mode too, and makes the job's venv where O(venv) asks for
@@ -330,6 +331,8 @@ ARGUMENT_SPEC = dict(
         env=dict(type="dict", default={}),
         deadline=dict(type="float", default=60),
     )),
+    # Spread into the other arguments by the action, which takes it out before the module runs.
+    arguments=dict(type="dict", default={}),
 )
 
 

@@ -38,8 +38,8 @@ extends_documentation_fragment:
 attributes:
   action:
     details:
-      - The module runs on the node. The action adds the secret values that O(secret_env_var)
-        names to the module's arguments, asks once more on a fresh connection when a wait cannot
+      - The module runs on the node. The action spreads O(arguments) into the module's other
+        arguments, adds the secret values that O(secret_env_var) names to them, asks once more on a fresh connection when a wait cannot
         reach the node, keeps the controller's side of the hang watch (O(hang)) and adds
         RV(received_at) to every answer.
   check_mode:
@@ -330,6 +330,9 @@ def main():
             # Used by the action (plugins/action/torchrun_job.py), which takes it out of the
             # arguments before the module runs. A variable's name, not a secret.
             secret_env_var=dict(type="str", no_log=False),
+            # Spread into the other arguments by the action, which takes it out before the
+            # module runs.
+            arguments=dict(type="dict", default={}),
             timeout=dict(type="int", default=0),
             wait_timeout=dict(type="float", default=5),
             grace=dict(type="float", default=10),

@@ -5,15 +5,31 @@ schedule and what preflight found: preflight's facts call (module torchherd.clus
 filter facts_args) and the start (module torchherd.cluster.torchrun_job, state started, filter
 start_args). In Python, once per node, where the same arguments as a task's Jinja were compiled
 and rendered again in every worker, one per node (some sixty templates for the start alone).
-The task files (roles/preflight/tasks/main.yml, roles/torchrun/tasks/start.yml) hand the
-answers on as the tasks' arguments."""
+The task files (roles/preflight/tasks/main.yml, roles/torchrun/tasks/start.yml) hand each
+answer on whole, as the module's option `arguments`, which the module's action spreads into
+its arguments (spread_arguments). Not through Ansible's `args` keyword: a template there makes
+ansible-core warn that it is unsafe, on every task and every launch, since a fact of a node
+could then add a module argument of its own."""
 
 from __future__ import annotations
+
+from ansible.errors import AnsibleActionFail
 
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._schedule.nodes import (
     Node,
     decide_node,
 )
+
+
+def spread_arguments(task_args):
+    """A task's arguments with its option ``arguments`` (one of the filters' answers, handed on
+    whole) spread into them; an option the task gives on its own wins."""
+    given = dict(task_args)
+    whole = given.pop("arguments", None) or {}
+    if not isinstance(whole, dict):
+        raise AnsibleActionFail(f"arguments: expected a mapping of the module's options, "
+                                f"found {type(whole).__name__}")
+    return {**whole, **given}
 
 
 def facts_args(plan, schedule, node, code, host, cache_seconds):
