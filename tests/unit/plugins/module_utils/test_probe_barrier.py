@@ -377,3 +377,44 @@ def test_the_pairs_take_a_round_of_connections_per_64_peers():
     assert _probe.pair_seconds(32, 3) == 7  # 31 peers at once: one round
     assert _probe.pair_seconds(65, 3) == 7
     assert _probe.pair_seconds(66, 3) == 13
+
+
+def _unanswered_first(monkeypatch, times):
+    """socket.create_connection as _probe calls it, left unanswered (a firewall dropping the
+    SYN) the first `times` tries."""
+    real, calls = socket.create_connection, []
+
+    def create_connection(*args, **kwargs):
+        calls.append(args)
+        if len(calls) <= times:
+            raise TimeoutError("timed out")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_probe.socket, "create_connection", create_connection)
+    return calls
+
+
+def test_in_the_barrier_an_unanswered_connection_is_tried_again_within_the_window(monkeypatch):
+    # Every node opens its own rules in its start: the master's may come after a node's
+    # first try, which its firewall then drops.
+    port = free_port()
+    sock, _error = bind(port)
+    listener = Listener(sock, TOKEN, 1, 5)
+    listener.start()
+    calls = _unanswered_first(monkeypatch, 2)
+    reachable, error, _kept = connect("127.0.0.1", port, TOKEN, 1, 5, unanswered=True)
+    listener.join()
+    assert reachable and error is None and len(calls) == 3
+
+
+def test_elsewhere_an_unanswered_connection_fails_at_once(monkeypatch):
+    calls = _unanswered_first(monkeypatch, 1)
+    reachable, error, _kept = connect("127.0.0.1", free_port(), TOKEN, 1, 5)
+    assert not reachable and error.startswith("timed out after 1 s connecting") and len(calls) == 1
+
+
+def test_in_the_barrier_a_connection_unanswered_for_the_whole_window_fails_as_before(monkeypatch):
+    calls = _unanswered_first(monkeypatch, 10**6)
+    reachable, error, _kept = connect("127.0.0.1", free_port(), TOKEN, 1, 0.3, unanswered=True)
+    assert not reachable and error.startswith("timed out after 1 s connecting"), error
+    assert len(calls) >= 2

@@ -366,7 +366,9 @@ options:
         default: 3
       window:
         description: Seconds the master waits for every node, and a node retries a refused
-          connection (the master may listen a moment after a node first tries).
+          connection (the master may listen a moment after a node first tries) or one that
+          O(barrier.timeout) left unanswered (the master's firewall rules, where its start
+          opens them, may come a moment after a node first tries).
         type: float
         default: 20
       source:

@@ -236,12 +236,15 @@ class _Lines:
         self.sock.close()
 
 
-def connect(host, port, token, timeout, window, keep=False, source=None):
+def connect(host, port, token, timeout, window, keep=False, source=None, unanswered=False):
     """(reachable, error, socket or None). A refused connection is tried again until `window`
     seconds have passed: the master may start listening a moment after a node first tries.
-    With `keep`, the connection stays open for wait_word(). With `source`, it leaves from that
-    local address: the master's answer must then come back to it, which proves the path the
-    job's peers take to this node's interface."""
+    With `unanswered` (the start's barrier), so is one that `timeout` seconds left unanswered:
+    where every node opens its own firewall rules in its start, the master's may come a moment
+    after this node's first try, and until then the master's firewall drops it. With `keep`, the
+    connection stays open for wait_word(). With `source`, it leaves from that local address:
+    the master's answer must then come back to it, which proves the path the job's peers take
+    to this node's interface."""
     deadline = time.monotonic() + window
     while True:
         start = time.monotonic()
@@ -255,6 +258,8 @@ def connect(host, port, token, timeout, window, keep=False, source=None):
             return False, (f"connection refused for {window:g} s (nothing listens there, "
                            f"or a firewall rejects it)"), None
         except socket.timeout:
+            if unanswered and time.monotonic() < deadline:
+                continue
             via = f" from {source}" if source else ""
             return False, (f"timed out after {timeout:g} s connecting{via} (a firewall dropping "
                            f"the port, or no way back to {source or 'this node'}?)"), None
@@ -337,8 +342,9 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
           name=None):
     """One node's part of the probe, run on every node at once: the master (`listen`) answers up
     to `expect` nodes for `window` seconds while every node, the master too, connects to
-    host:port, retries a refused connection for `window` seconds and waits `timeout` seconds
-    for the handshake and the token, from the local address `source` where given. Then the
+    host:port, retries a refused connection (with `hold`, an unanswered one too) for `window`
+    seconds and waits `timeout` seconds for the handshake and the token, from the local address
+    `source` where given. Then the
     master connects back to every node at the address it came from (see the module's doc).
 
     Returns (result, held). result: reachable, error, seconds (to connect and read the token),
@@ -358,8 +364,9 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
             return dict(result, reachable=False, error=error, seconds=0.0, served=0), None
         listener = Listener(sock, token, expect, window, hold=hold, timeout=timeout)
         listener.start()
+    # Held (the start's barrier): the master's rules may open a moment after this node's.
     reachable, error, kept = connect(host, port, token, timeout, window, keep=True,
-                                     source=source)
+                                     source=source, unanswered=hold)
     result.update(reachable=reachable, error=error, seconds=round(time.monotonic() - started, 3))
     back = None
     if reachable:
