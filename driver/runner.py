@@ -197,27 +197,36 @@ def all_at_once(name: str, extravars: dict[str, Any]) -> bool:
 # ansible-playbook is this interpreter's (python -m ansible playbook), whichever ansible-playbook
 # the PATH has: the same ansible-core as the driver's, and the site-packages where the wheel's
 # collection is (a venv made with --system-site-packages has no ansible-playbook of its own, and
-# the system's would look for the collection elsewhere). On Linux it is started through _TIED,
-# so that it does not outlive the driver: where the driver is killed outright (SIGKILL, the OOM
-# killer, a CI runner's hard timeout), the kernel sends it SIGTERM (the parent-death signal,
-# kept across the exec), which ends it and its workers; the job on the nodes goes on, and
-# status tells its state. The parent is checked after the signal is set: a driver that died
-# before would not send it. (ansible-runner's pexpect session ignores SIGHUP: the closed
-# terminal does not end it.)
-_TIED = ("import ctypes, os, signal, sys\n"
-         "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
-         "if os.getppid() != int(sys.argv[1]):\n"
-         "    sys.exit(128 + signal.SIGTERM)\n"
-         "os.execv(sys.executable, [sys.executable, '-m', 'ansible', *sys.argv[2:]])\n")
+# the system's would look for the collection elsewhere). _PLAYBOOK runs it, in its own process
+# (no exec):
+# - On Linux tied to the driver, so that it does not outlive it: where the driver is killed
+#   outright (SIGKILL, the OOM killer, a CI runner's hard timeout), the kernel sends it SIGTERM
+#   (the parent-death signal), which ends it and its workers; the job on the nodes goes on, and
+#   status tells its state. The parent is checked after the signal is set: a driver that died
+#   before would not send it. (ansible-runner's pexpect session ignores SIGHUP: the closed
+#   terminal does not end it.) Elsewhere the first argument is "-" and nothing is tied.
+# - Without the interpreter's last garbage collection at its exit, which goes over every object
+#   ansible-playbook made (about 0.1 s of a launch's controller CPU, after its last task, on the
+#   way to the command's return): gc.freeze, registered first so that it runs after Ansible's
+#   own exit handlers (its queues, its temporary files), leaves them to the process's end.
+_PLAYBOOK = ("# torchherd: ansible-playbook as the driver runs it\n"
+             "import atexit, gc, os, runpy, signal, sys\n"
+             "atexit.register(gc.freeze)\n"
+             "if sys.argv[1] != '-':\n"
+             "    import ctypes\n"
+             "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+             "    if os.getppid() != int(sys.argv[1]):\n"
+             "        sys.exit(128 + signal.SIGTERM)\n"
+             "del sys.argv[1]\n"
+             "runpy.run_module('ansible', run_name='__main__', alter_sys=True)\n")
 
 
 def _ansible_playbook(name: str) -> tuple[str, list[str]]:
     """ansible-runner's ``binary`` and the arguments before ansible-playbook's own options:
-    this interpreter's ansible-playbook running playbook ``name``, tied to this process where
-    the system has a parent-death signal (Linux)."""
-    if sys.platform.startswith("linux"):
-        return sys.executable, ["-c", _TIED, str(os.getpid()), "playbook", playbook(name)]
-    return sys.executable, ["-m", "ansible", "playbook", playbook(name)]
+    this interpreter's ansible-playbook running playbook ``name`` (_PLAYBOOK), tied to this
+    process where the system has a parent-death signal (Linux)."""
+    tie = str(os.getpid()) if sys.platform.startswith("linux") else "-"
+    return sys.executable, ["-c", _PLAYBOOK, tie, "playbook", playbook(name)]
 
 
 def run_playbook(

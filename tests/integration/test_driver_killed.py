@@ -31,7 +31,8 @@ class Launch(NamedTuple):
 
 def playbooks_of(tmp: Path) -> list[int]:
     """ansible-playbook processes (and their workers) of the driver whose TMPDIR is `tmp`: their
-    command line (python -m ansible playbook ...) names its private directory there."""
+    command line (python -c <the driver's _PLAYBOOK> <pid> playbook ...) names its private
+    directory there."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -29,8 +29,8 @@ ANSIBLE_ENV = ["env", f"ANSIBLE_CONFIG={REPO / 'ansible.cfg'}",
                "ANSIBLE_INVENTORY_UNPARSED_FAILED=1"]
 OK_LINE = re.compile(r"torchherd-allreduce ok host=(\S+) node_rank=(\d+) local_rank=0 rank=(\d+)")
 # Anything of a torchherd launch on a node: torchrun and workers, the supervisor and modules
-# (a bare interpreter: pipelined Ansible), srun, the driver and ansible-playbook (python -m
-# ansible playbook, as the driver runs it), SSH masters.
+# (a bare interpreter: pipelined Ansible), srun, the driver and ansible-playbook (the
+# driver's: python -c "# torchherd: ansible-playbook as the driver runs it ..."), SSH masters.
 JOB_PROCS = re.compile(
     r"torch\.distributed\.run|allreduce\.py|^srun |driver launch|ansible-playbook"
     r"|-m ansible playbook|torchherd launch"
