@@ -12,15 +12,6 @@ from __future__ import annotations
 class ModuleDocFragment:
     DOCUMENTATION = r"""
 options:
-  arguments:
-    description:
-      - Any of the other options as one mapping, which the collection's action for this module
-        spreads into the module's arguments; an option given on its own wins.
-      - The launch's preflight passes the answer of filter C(torchherd.cluster.facts_args) here,
-        whole. Through the task's C(args) keyword instead, a template makes ansible-core warn
-        that it is unsafe, on every launch.
-    type: dict
-    default: {}
   python:
     description:
       - Interpreter of the job; empty means the one running this module. C(~) is the node

@@ -1,7 +1,8 @@
 # Copyright: torchherd developers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """The values of the launch and of one node that the filters of a node's part take
-(node_schedule, facts_args, start_args).
+(node_schedule, facts_args, start_args), and the option through which a module takes such a
+filter's answer whole (node_facts, torchrun_job).
 
 Private to the collection (leading underscore): free to change.
 """
@@ -38,4 +39,19 @@ options:
     description: The node's inventory name.
     type: str
     required: true
+"""
+
+    # The modules' option that takes a filter's answer whole (node_facts, torchrun_job).
+    SPREAD = r"""
+options:
+  arguments:
+    description:
+      - Any of the module's other options as one mapping, which the collection's action for the
+        module spreads into its arguments; an option given on its own wins.
+      - A launch passes a node's answer of filter C(torchherd.cluster.facts_args) (preflight's
+        facts call) or C(torchherd.cluster.start_args) (the start) here, whole. Through the
+        task's C(args) keyword instead, a template makes ansible-core warn that it is unsafe,
+        on every launch.
+    type: dict
+    default: {}
 """

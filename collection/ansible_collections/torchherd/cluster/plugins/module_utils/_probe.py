@@ -344,8 +344,8 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     to `expect` nodes for `window` seconds while every node, the master too, connects to
     host:port, retries a refused connection (with `hold`, an unanswered one too) for `window`
     seconds and waits `timeout` seconds for the handshake and the token, from the local address
-    `source` where given. Then the
-    master connects back to every node at the address it came from (see the module's doc).
+    `source` where given. Then the master connects back to every node at the address it came
+    from (see the module's doc).
 
     Returns (result, held). result: reachable, error, seconds (to connect and read the token),
     address (the local address the node connected from), back_error (why the master could not

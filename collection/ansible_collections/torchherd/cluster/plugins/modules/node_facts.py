@@ -29,6 +29,7 @@ extends_documentation_fragment:
   - torchherd.cluster._attributes.INFO_MODULE
   - torchherd.cluster._attributes.ACTION
   - torchherd.cluster._node_facts
+  - torchherd.cluster._node_values.SPREAD
 attributes:
   action:
     details:

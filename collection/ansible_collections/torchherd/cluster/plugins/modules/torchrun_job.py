@@ -35,6 +35,7 @@ extends_documentation_fragment:
   - torchherd.cluster._attributes
   - torchherd.cluster._attributes.ACTION
   - torchherd.cluster._torchrun_job
+  - torchherd.cluster._node_values.SPREAD
 attributes:
   action:
     details:
