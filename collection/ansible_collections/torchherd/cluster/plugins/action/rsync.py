@@ -16,6 +16,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_record import record
+
 _ARGS = {
     "src": {"type": "str", "required": True},
     "dest": {"type": "str", "required": True},
@@ -27,6 +29,8 @@ _ARGS = {
     "checksum": {"type": "bool", "default": False},
     "files": {"type": "list", "elements": "str", "default": []},
     "expect_hash": {"type": "str", "default": ""},
+    "mark": {"type": "dict", "options": {"run_dir": {"type": "str", "required": True},
+                                         "phase": {"type": "str", "required": True}}},
 }
 
 
@@ -126,6 +130,12 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = self.validate_argument_spec(argument_spec=_ARGS)[1]
+        if args["mark"]:
+            # The phase that ends as the transfers begin (a launch's watch, as its collect
+            # begins): the first node's records it, where a task of its own would cost the
+            # controller a worker at the end of every launch.
+            record(args["mark"]["run_dir"], {}, mark=args["mark"]["phase"],
+                   check_mode=self._task.check_mode, once=True)
         # The node's side may start with ~ (the plan's default root is ~/.torchherd): rsync and
         # mkdir would take it literally, so it is resolved on the node first (one round trip,
         # only then). A local node's modules run in this process's environment and resolve ~

@@ -82,6 +82,23 @@ options:
         unless the hash equals this one (the controller's).
     type: str
     default: ""
+  mark:
+    description:
+      - Record, on the controller, that a phase of a run ended as this copy began: O(mark.phase)
+        with the time now in the C(marks.json) of O(mark.run_dir), unless a time is recorded
+        for it already (where every node's copy begins at once, the first one's counts). A
+        launch's collect marks the end of its watch so, without a task of its own.
+      - Not written in check mode.
+    type: dict
+    suboptions:
+      run_dir:
+        description: The run's directory on the controller.
+        type: str
+        required: true
+      phase:
+        description: The phase that ended, as the run's summary names it (C(watch)).
+        type: str
+        required: true
 """
 
 EXAMPLES = r"""

@@ -16,11 +16,13 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import w
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_files import MARKS, read_json
 
 
-def record(run_dir, files, claim=False, mark="", check_mode=False):
+def record(run_dir, files, claim=False, mark="", check_mode=False, once=False):
     """Write ``files`` (names relative to ``run_dir`` -> text) into the run directory, and
     ``mark`` (a phase's name) with the time now into marks.json. ``claim``: refuse a directory
-    that holds a plan.json already (a run id names one run). Nothing is written in
-    ``check_mode``. Returns the paths written (marks.json last) and the time."""
+    that holds a plan.json already (a run id names one run). ``once``: keep a time already
+    recorded for ``mark`` (the first of several workers that end the same phase records it).
+    Nothing is written in ``check_mode``. Returns the paths written (marks.json last) and the
+    time."""
     run_dir = os.path.abspath(os.path.expanduser(run_dir))
     if claim and os.path.exists(os.path.join(run_dir, "plan.json")):
         raise AnsibleActionFail(
@@ -44,8 +46,8 @@ def record(run_dir, files, claim=False, mark="", check_mode=False):
         written.append(os.path.join(run_dir, MARKS))
     if not check_mode:
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
-        if mark:
-            marks = read_json(written[-1]) or {}
+        marks = (read_json(written[-1]) or {}) if mark else {}
+        if mark and not (once and mark in marks):
             marks[mark] = now
             write_atomic(written[-1], json.dumps(marks, indent=2, sort_keys=True) + "\n",
                          mode=0o644)
