@@ -299,3 +299,22 @@ def test_run_ids_complete_from_the_runs_dir(tmp_path):
            "_ARGCOMPLETE_STDOUT_FILENAME": str(out), arguments.RUNS_DIR_ENV: str(tmp_path)}
     subprocess.run([sys.executable, "-m", "driver"], env=env, check=True, timeout=60)
     assert out.read_text().split("\013") == ["20261123-aaa "]
+
+
+def test_the_command_leaves_its_objects_to_the_process_end():
+    """main has the heap frozen at the interpreter's exit (after the command's last word), so
+    that no last garbage collection goes over every object of the run; once, however often
+    main runs. A handler registered before main runs after main's (atexit: last in, first
+    out) and sees it."""
+    code = ("import atexit, gc\n"
+            "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))\n"
+            "from driver import cli\n"
+            "argv = ['launch', '-i', 'inventory.ini', '--check', '--', 'train.py']\n"
+            "assert cli.main(argv) == cli.Exit.USAGE == cli.main(argv)\n"
+            "print('frozen before exit:', gc.get_freeze_count() > 0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False,
+                          cwd=Path(cli.__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["frozen before exit: False",
+                                              "frozen at exit: True"], done.stdout
