@@ -12,6 +12,7 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._root_cause impo
 )
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import (
     newer,
+    resolved_plan,
     summarize,
 )
 
@@ -570,3 +571,26 @@ def test_a_later_status_keeps_the_drivers_incidents(tmp_path):
     with open(path, encoding="utf-8") as handle:
         assert json.load(handle)["incidents"] == [incident]
     assert "incidents" not in first  # a run without restarts has none
+
+
+def test_the_summarys_plan_shows_what_preflight_resolved_and_no_secret(tmp_path):
+    planned = {"run_id": "r1", "nproc_per_node": "auto", "world_size": None,
+            "master": {"host": "n0", "addr": "10.0.0.1", "port": "auto"},
+            "job": {"secret_env": {"TOKEN": "s3cret"}}}
+    # Stopped before its verdict: the plan's own values, its secrets hidden.
+    before = resolved_plan(str(tmp_path), planned)
+    assert before["nproc_per_node"] == "auto" and before["master"] == planned["master"]
+    assert before["nprocs"] == {} and before["interfaces"] == {}
+    assert before["interconnect"] is None and before["preflight_warnings"] == []
+    assert before["job"]["secret_env"] == {"TOKEN": "********"}
+    gate = {"nproc_per_node": 2, "world_size": 4, "nprocs": {"n0": 2, "n1": 2},
+            "master_port": 29611, "interfaces": {"n0": "eth1"}, "interconnect": {"ok": True},
+            "warnings": [{"host": "n1", "check": "shm"}]}
+    (tmp_path / "preflight.json").write_text(json.dumps({"gate": gate}))
+    after = resolved_plan(str(tmp_path), planned)
+    assert after["nproc_per_node"] == 2 and after["world_size"] == 4
+    assert after["master"] == {"host": "n0", "addr": "10.0.0.1", "port": 29611}
+    assert after["nprocs"] == gate["nprocs"] and after["interfaces"] == gate["interfaces"]
+    assert after["interconnect"] == {"ok": True}
+    assert after["preflight_warnings"] == gate["warnings"]
+    assert "s3cret" not in json.dumps(after) and planned["master"]["port"] == "auto"

@@ -84,10 +84,10 @@ options:
     default: ""
   mark:
     description:
-      - Record, on the controller, that a phase of a run ended as this copy began: O(mark.phase)
-        with the time now in the C(marks.json) of O(mark.run_dir), unless a time is recorded
-        for it already (where every node's copy begins at once, the first one's counts). A
-        launch's collect marks the end of its watch so, without a task of its own.
+      - Record, on the controller, that a phase of a run ended as this copy began. O(mark.phase)
+        goes with the time now into the C(marks.json) of O(mark.run_dir), unless a time is
+        recorded for it already (where every node's copy begins at once, the first one's
+        counts). A launch's collect marks the end of its watch so, without a task of its own.
       - Not written in check mode.
     type: dict
     suboptions:

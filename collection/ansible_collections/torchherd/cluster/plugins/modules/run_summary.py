@@ -40,7 +40,12 @@ options:
     type: path
     required: true
   plan:
-    description: The plan (secrets redacted).
+    description:
+      - The run's plan (C(torchherd_plan)). The summary hides its secret values (as filter
+        C(torchherd.cluster.redact) does) and shows what preflight resolved on the nodes in
+        place of what the job asked, from the verdict in C(preflight.json) of O(run_dir)
+        (C(nproc_per_node), C(world_size), C(nprocs), the master's port, C(interfaces),
+        C(interconnect) and C(preflight_warnings)).
     type: dict
     required: true
   results:
@@ -78,7 +83,7 @@ EXAMPLES = r"""
 - name: Write summary.json
   torchherd.cluster.run_summary:
     run_dir: runs/demo-1
-    plan: "{{ torchherd_plan | torchherd.cluster.redact }}"
+    plan: "{{ torchherd_plan }}"
     results: "{{ torchherd_plan.nodes | map(attribute='host') | torchherd.cluster.node_results(hostvars) }}"
   delegate_to: localhost
 """

@@ -15,6 +15,7 @@ import os
 import re
 import time
 
+from ansible_collections.torchherd.cluster.plugins.filter.redact import redact
 from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     last_line,
@@ -363,6 +364,25 @@ def table(summary):
               f"or a stuck rank there?)" for host, seconds in (summary.get("idle_gpus") or {}).items()]
     lines.append(f"run {summary['run_id']}: {summary['state']} ({summary['reason']})")
     return "\n".join(lines)
+
+
+def resolved_plan(run_dir, plan):
+    """The plan as the summary shows it: its secret values hidden, and what preflight resolved
+    on the nodes (its verdict in preflight.json: nproc_per_node auto, a master port of auto,
+    the interfaces, the interconnect's measure, its warnings) in place of what the job asked.
+    A run stopped before its verdict keeps the plan's own values."""
+    gate = (read_json(os.path.join(run_dir, "preflight.json")) or {}).get("gate") or {}
+    master = plan.get("master")
+    if "master_port" in gate:
+        master = {**(master or {}), "port": gate["master_port"]}
+    return {**redact(plan),
+            "nproc_per_node": gate.get("nproc_per_node", plan.get("nproc_per_node")),
+            "world_size": gate.get("world_size", plan.get("world_size")),
+            "nprocs": gate.get("nprocs", {}),
+            "master": master,
+            "interfaces": gate.get("interfaces", {}),
+            "interconnect": gate.get("interconnect"),
+            "preflight_warnings": gate.get("warnings", [])}
 
 
 def write_summary(run_dir, plan, results, marks, not_asked=()):
