@@ -119,9 +119,11 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._codehash import
     MissingLibrary,
     code_hash,
 )
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),

@@ -140,6 +140,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import run_paths
 from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import note_hang
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import (
@@ -151,6 +152,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import (
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(
         argument_spec=dict(
             run_id=dict(type="str", required=True),

@@ -273,6 +273,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 from ansible_collections.torchherd.cluster.plugins.module_utils._gpus import read_gpus, read_xids
 from ansible_collections.torchherd.cluster.plugins.module_utils._hostfacts import host_facts
 from ansible_collections.torchherd.cluster.plugins.module_utils._jobenv import (
@@ -380,6 +381,7 @@ def gather(p, check_mode):
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         facts = gather(module.params, module.check_mode)

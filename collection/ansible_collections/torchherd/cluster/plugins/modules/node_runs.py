@@ -84,10 +84,12 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 from ansible_collections.torchherd.cluster.plugins.module_utils._noderuns import node_runs
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(argument_spec={}, supports_check_mode=True)
     try:
         found = node_runs()

@@ -79,6 +79,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     read_state,
     run_paths,
@@ -119,6 +120,7 @@ def prune_one(root, run_id, check_mode):
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(
         argument_spec=dict(
             runs=dict(type="list", elements="dict", required=True, options=dict(

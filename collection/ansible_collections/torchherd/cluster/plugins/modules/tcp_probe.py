@@ -122,10 +122,12 @@ back_failed:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 from ansible_collections.torchherd.cluster.plugins.module_utils._probe import probe
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(
         argument_spec=dict(
             host=dict(type="str", required=True),

@@ -291,6 +291,7 @@ meta:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchherd.cluster.plugins.module_utils._exit import skip_last_collection
 from ansible_collections.torchherd.cluster.plugins.module_utils._firewall import (
     RULE_OPTIONS,
     FirewallError,
@@ -301,6 +302,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._starterror impo
 
 
 def main():
+    skip_last_collection()
     module = AnsibleModule(
         argument_spec=dict(
             state=dict(type="str", default="status",
