@@ -70,6 +70,11 @@ def test_lost_node_is_the_root_cause(tmp_path):
     ({"state": "failed", "exit_code": 137}, "signal"),
     ({"state": "failed", "exit_code": -9}, "signal"),
     ({"state": "failed", "exception": "ValueError: bad batch", "exit_code": 1}, "exception"),
+    # The rank raised; the gang's stop (a peer failed on the lost connection) ended the node's
+    # launcher before it ended by itself.
+    ({"state": "failed", "exception": "RuntimeError: injected failure on rank 1",
+      "exit_code": -15}, "exception"),
+    ({"state": "failed", "exception": "KeyboardInterrupt", "exit_code": -2}, "signal"),
     ({"state": "timed_out", "exit_code": 1}, "exception"),
 ])
 def test_failure_kinds(entry, kind):

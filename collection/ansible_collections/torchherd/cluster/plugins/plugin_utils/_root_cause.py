@@ -296,20 +296,26 @@ def failed_before_stop(node_dir):
     return bool(exception) and not SECONDARY.search(exception)
 
 
-_KILLED = re.compile(r"killed by SIG|Signal \d+ \(SIG\w+\) received")
+_KILLED = re.compile(r"killed by SIG|Signal \d+ \(SIG\w+\) received|KeyboardInterrupt")
 
 
 def failure_kind(entry):
     """What kind of failure a node's summary entry shows, as the job's restart_on names them:
     node_lost (the node did not answer), connection (gloo or NCCL lost a peer: the rank's
-    error is a connection's), signal (its launcher or a rank was killed by a signal), or
-    exception (its own code failed)."""
+    error is a connection's), signal (its launcher or a rank was killed by a signal, and no
+    rank of its raised), or exception (its own code failed). A rank's own exception counts
+    also where the node's launcher then ended by a signal: the gang's stop, after a peer's
+    failure that this exception caused, may reach the node before its launcher's own end."""
     if entry.get("state") in ("lost", "unreachable"):
         return "node_lost"
     text = " ".join(str(entry.get(key) or "") for key in ("exception", "error"))
     if SECONDARY.search(text):
         return "connection"
+    if _KILLED.search(text):
+        return "signal"
+    if str(entry.get("exception") or "").strip():
+        return "exception"
     code = entry.get("exit_code")
-    if _KILLED.search(text) or (isinstance(code, int) and (code < 0 or code > 128)):
+    if isinstance(code, int) and (code < 0 or code > 128):
         return "signal"
     return "exception"
