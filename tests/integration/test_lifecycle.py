@@ -165,7 +165,13 @@ def test_a_dropped_ssh_connection_mid_watch_does_not_stop_the_job(cluster3, tmp_
         runs_dir=tmp_path, on_event=on_event)))
     runner.start()
     wait_for(lambda: waiting, 120, "the watch's wait")
-    time.sleep(2)  # the waits' modules are running on the nodes
+
+    # Until the wait's module runs on the master (Ansible's command for a module there ends in
+    # "&& sleep 0"): a connection cut before it would test the wait's start, not its retry.
+    def wait_runs() -> bool:
+        return cluster3.exec(0, ["pgrep", "-f", "&& sleep 0"], check=False).returncode == 0
+
+    wait_for(wait_runs, 60, "the wait's module on the master", interval=0.2)
     masters = subprocess.run(["pgrep", "-f", f"ssh: {cpdir}"], capture_output=True, text=True)
     assert masters.stdout.split(), "no SSH master of the launch found"
     subprocess.run(["pkill", "-KILL", "-f", f"ssh: {cpdir}"], check=True)

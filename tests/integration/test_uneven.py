@@ -33,25 +33,47 @@ def ranks(runs, run_id, cluster):
     return sorted(found, key=lambda f: int(f[2]))
 
 
-def test_interfaces_are_chosen_per_node_and_proved(uneven, tmp_path):
+def _python_at(cluster, node, path):
+    """A job Python at another path: a venv on the node that sees the system's torch."""
+    cluster.exec(node, ["python3", "-m", "venv", "--system-site-packages", "--without-pip", path])
+    return f"{path}/bin/python"
+
+
+@pytest.fixture(scope="module")
+def mixed(uneven, tmp_path_factory):
+    """One launch of the plain job that three tests below read, each for its own part: the
+    interface each node chose by itself, one, two and three processes on the nodes, and node1's
+    job Python at another path. The same job on the same nodes, launched once where it was
+    launched three times. Returns (result, runs directory, node1's job Python)."""
+    runs = tmp_path_factory.mktemp("mixed")
+    other = _python_at(uneven, 1, "/opt/elsewhere")
+    host_vars = {node.name: {"torchherd_nproc_per_node": str(i + 1)}
+                 for i, node in enumerate(uneven.nodes)}
+    host_vars[uneven.nodes[1].name]["torchherd_python"] = other
+    result = launch(job("mixed"), uneven.write_inventory(host_vars=host_vars), runs_dir=runs)
+    # Read whatever came back before any test asserts on it, and leave the nodes as found.
+    assert_no_job_left(uneven)
+    return result, runs, other
+
+
+def test_interfaces_are_chosen_per_node_and_proved(uneven, mixed):
     """Every node's data interface has another name; the management network drops all but
     SSH, so a job on the wrong interface could not run."""
-    result = launch(job("if-auto", nproc_per_node=2), uneven.inventory, runs_dir=tmp_path)
+    result, runs, _ = mixed
     assert result.ok, result.reason
-    found = ranks(tmp_path, "if-auto", uneven)
+    found = ranks(runs, "mixed", uneven)
     assert [int(f[2]) for f in found] == list(range(6)) and {f[3] for f in found} == {"15"}
-    summary = json.loads((tmp_path / "if-auto" / "summary.json").read_text())
-    preflight = json.loads((tmp_path / "if-auto" / "preflight.json").read_text())
+    summary = json.loads((runs / "mixed" / "summary.json").read_text())
+    preflight = json.loads((runs / "mixed" / "preflight.json").read_text())
     for node in uneven.nodes:
         chosen = summary["hosts"][node.name]["interface"]
         assert chosen["name"] == node.data_if and chosen["address"] == node.data_ip, chosen
         assert preflight["gate"]["interfaces"][node.name]["name"] == node.data_if
-        env = json.loads((tmp_path / "if-auto" / "nodes" / node.name / "env.json").read_text())
+        env = json.loads((runs / "mixed" / "nodes" / node.name / "env.json").read_text())
         assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == node.data_if
     assert summary["hosts"][uneven.nodes[0].name]["interface"]["how"] == "local"
     assert summary["hosts"][uneven.nodes[1].name]["interface"]["how"] == "route"
     assert len({n.data_if for n in uneven.nodes}) == 3
-    assert_no_job_left(uneven)
 
 
 def test_the_management_interface_forced_fails_before_any_start(uneven, tmp_path):
@@ -87,18 +109,15 @@ def test_a_named_interface_missing_on_a_node_is_refused(uneven, tmp_path):
     assert "no interface ib7" in problem["found"] and uneven.nodes[1].data_if in problem["found"]
 
 
-def test_nodes_with_one_two_and_three_processes(uneven, tmp_path):
-    counts = {node.name: {"torchherd_nproc_per_node": str(i + 1)}
-              for i, node in enumerate(uneven.nodes)}
-    inventory = uneven.write_inventory(host_vars=counts)
-    result = launch(job("mixed-procs"), inventory, runs_dir=tmp_path)
+def test_nodes_with_one_two_and_three_processes(uneven, mixed):
+    result, runs, _ = mixed
     assert result.ok, result.reason
-    found = ranks(tmp_path, "mixed-procs", uneven)
+    found = ranks(runs, "mixed", uneven)
     # Global ranks follow node order: node0 has rank 0, node1 ranks 1-2, node2 ranks 3-5.
     assert [(int(f[0]), int(f[1]), int(f[2])) for f in found] == [
         (0, 0, 0), (1, 0, 1), (1, 1, 2), (2, 0, 3), (2, 1, 4), (2, 2, 5)]
     assert {(f[3], f[4]) for f in found} == {("15", "15")}
-    summary = json.loads((tmp_path / "mixed-procs" / "summary.json").read_text())
+    summary = json.loads((runs / "mixed" / "summary.json").read_text())
     assert summary["world_size"] == 6
     assert [summary["hosts"][n.name]["nproc_per_node"] for n in uneven.nodes] == [1, 2, 3]
 
@@ -122,20 +141,10 @@ for name, text in files.items():
 """
 
 
-def _python_at(cluster, node, path):
-    """A job Python at another path: a venv on the node that sees the system's torch."""
-    cluster.exec(node, ["python3", "-m", "venv", "--system-site-packages", "--without-pip", path])
-    return f"{path}/bin/python"
-
-
-def test_a_node_with_its_python_elsewhere_and_one_with_another_torch(uneven, tmp_path):
-    other = _python_at(uneven, 1, "/opt/elsewhere")
-    inventory = uneven.write_inventory(
-        host_vars={uneven.nodes[1].name: {"torchherd_python": other}})
-    result = launch(job("py-path"), inventory, runs_dir=tmp_path)
+def test_a_node_with_its_python_elsewhere_and_one_with_another_torch(uneven, mixed, tmp_path):
+    result, runs, other = mixed
     assert result.ok, result.reason
-    cmd = json.loads((tmp_path / "py-path" / "nodes" / uneven.nodes[1].name / "cmd.json")
-                     .read_text())
+    cmd = json.loads((runs / "mixed" / "nodes" / uneven.nodes[1].name / "cmd.json").read_text())
     assert cmd[0] == other
     # Another torch on node2: a package of that name first on the job Python's path.
     fake = _python_at(uneven, 2, "/opt/oldtorch")
