@@ -18,7 +18,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -140,24 +139,6 @@ def test_templated_task_arguments_hold_no_secret(playbook_run: PlaybookRun) -> N
     _assert_nowhere(playbook_run.secret, {}, playbook_run.record_args)
 
 
-def test_driver_at_vvv_shows_no_secret(tmp_path: Path) -> None:
-    secret = f"th-{uuid.uuid4().hex}"
-    code, run_id = _job(tmp_path, secret)
-    runs_dir = tmp_path / "runs"
-    proc = subprocess.run(
-        [sys.executable, "-m", "driver", "launch", "-vvv", "-i", str(LOCAL_INI),
-         "--code-src", str(code), "--runs-dir", str(runs_dir), "--run-id", run_id,
-         "--nproc-per-node", "1", "--secret-env", NAME, "--", "check_secret.py"],
-        cwd=CHECKOUT, env=_env(**{NAME: secret}), capture_output=True, text=True,
-        timeout=300, check=False)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    _assert_delivered(runs_dir, run_id)
-    # The driver's private ansible-runner directories (the extra vars file) of runs now going.
-    private = Path(tempfile.gettempdir()).glob("torchherd-runner-*")
-    _assert_nowhere(secret, {"stdout": proc.stdout, "stderr": proc.stderr},
-                    runs_dir, *NODE_ROOTS, *private)
-
-
 class Poller:
     """Reads every file under its roots, over and over from a thread, while a run goes on: a
     file that holds a needle even for a moment is a sighting. A file is read again when its
@@ -209,11 +190,24 @@ class Poller:
         self._look()
 
 
-def test_no_secret_nor_the_drivers_environment_is_on_disk_at_any_moment(tmp_path: Path) -> None:
-    """A launch and a verify, read by a poller from start to end: the secret's value and a
-    variable of the driver's own environment are in no file under TMPDIR, HOME, the runs
-    directory or the nodes' roots at any moment (ansible-runner's private directory among them:
-    the extra vars and its record of the environment pass through pipes)."""
+@dataclass
+class PolledRuns:
+    secret: str
+    run_id: str
+    runs_dir: Path
+    home: Path
+    tmp: Path
+    procs: dict[str, subprocess.CompletedProcess[str]]  # the launch's and the verify's
+    poller: Poller
+
+
+@pytest.fixture(scope="module")
+def polled_runs(tmp_path_factory: pytest.TempPathFactory) -> PolledRuns:
+    """A launch and a verify through `python -m driver ... -vvv --secret-env NAME`, with HOME
+    (the nodes' roots are under it), TMPDIR and the runs directory of their own, read by a
+    poller from start to end. Two tests read them: the output, and the files at every
+    moment."""
+    tmp_path = tmp_path_factory.mktemp("secrets-driver")
     secret, token = f"th-{uuid.uuid4().hex}", f"tok-{uuid.uuid4().hex}"
     code, run_id = _job(tmp_path, secret)
     runs_dir, home, tmp = tmp_path / "runs", tmp_path / "home", tmp_path / "tmp"
@@ -221,18 +215,41 @@ def test_no_secret_nor_the_drivers_environment_is_on_disk_at_any_moment(tmp_path
         path.mkdir()
     env = _env(**{NAME: secret, "TORCHHERD_TEST_TOKEN": token, "HOME": str(home),
                   "TMPDIR": str(tmp)})
-    common = ["-i", str(LOCAL_INI), "--code-src", str(code), "--runs-dir", str(runs_dir),
-              "--nproc-per-node", "1", "--secret-env", NAME]
+    common = ["-vvv", "-i", str(LOCAL_INI), "--code-src", str(code), "--runs-dir",
+              str(runs_dir), "--nproc-per-node", "1", "--secret-env", NAME]
+    procs = {}
     with Poller({"the secret": secret, "the driver's environment": token},
                 tmp, home, runs_dir) as poller:  # the nodes' roots are under home
         for action, extra in (("launch", ["--run-id", run_id]),
                               ("verify", ["--run-id", f"{run_id}-verify"])):
-            proc = subprocess.run(
+            procs[action] = subprocess.run(
                 [sys.executable, "-m", "driver", action, *common, *extra, "--",
                  "check_secret.py"], cwd=CHECKOUT, env=env, capture_output=True, text=True,
                 timeout=300, check=False)
-            assert proc.returncode == 0, (action, (proc.stdout + proc.stderr)[-3000:])
-    _assert_delivered(runs_dir, run_id, node_roots(home))
-    assert poller.rounds > 10, poller.rounds
-    assert not poller.sightings, sorted(poller.sightings)
-    assert not list(tmp.glob("torchherd-runner-*")), "a private directory was left behind"
+    return PolledRuns(secret, run_id, runs_dir, home, tmp, procs, poller)
+
+
+def test_driver_at_vvv_shows_no_secret(polled_runs: PolledRuns) -> None:
+    runs = polled_runs
+    for action, proc in runs.procs.items():
+        assert proc.returncode == 0, (action, (proc.stdout + proc.stderr)[-3000:])
+    _assert_delivered(runs.runs_dir, runs.run_id, node_roots(runs.home))
+    outputs = {f"{action}'s {stream}": getattr(proc, stream)
+               for action, proc in runs.procs.items() for stream in ("stdout", "stderr")}
+    # The driver's private ansible-runner directories (the extra vars file) are under TMPDIR.
+    _assert_nowhere(runs.secret, outputs, runs.runs_dir, *node_roots(runs.home), runs.tmp)
+
+
+def test_no_secret_nor_the_drivers_environment_is_on_disk_at_any_moment(
+        polled_runs: PolledRuns) -> None:
+    """The launch and the verify above, read by a poller from start to end: the secret's value
+    and a variable of the driver's own environment are in no file under TMPDIR, HOME, the runs
+    directory or the nodes' roots at any moment (ansible-runner's private directory among them:
+    the extra vars and its record of the environment pass through pipes)."""
+    runs = polled_runs
+    for action, proc in runs.procs.items():
+        assert proc.returncode == 0, (action, (proc.stdout + proc.stderr)[-3000:])
+    _assert_delivered(runs.runs_dir, runs.run_id, node_roots(runs.home))
+    assert runs.poller.rounds > 10, runs.poller.rounds
+    assert not runs.poller.sightings, sorted(runs.poller.sightings)
+    assert not list(runs.tmp.glob("torchherd-runner-*")), "a private directory was left behind"
