@@ -51,7 +51,7 @@ def mixed(uneven, tmp_path_factory):
                  for i, node in enumerate(uneven.nodes)}
     host_vars[uneven.nodes[1].name]["torchherd_python"] = other
     result = launch(job("mixed"), uneven.write_inventory(host_vars=host_vars), runs_dir=runs)
-    # Read whatever came back before any test asserts on it, and leave the nodes as found.
+    # Nothing of it is left on the nodes: the cluster's other tests run after it.
     assert_no_job_left(uneven)
     return result, runs, other
 
