@@ -42,9 +42,11 @@ JOBS = {
 }
 LAUNCHERS_USED = ["torchrun", "accelerate"]
 SPAWNS = ["ssh", "srun"]
+# The last launch of the same job whose preflight passed (plan_run's), or none.
+PRIORS = {"none": None, "relaunch": {"run_id": "r0", "facts": {h: {"euid": 0} for h in HOSTS}}}
 
 
-def expected(forks, barrier, job, live=0, spawn="ssh"):
+def expected(forks, barrier, job, live=0, spawn="ssh", prior="none"):
     """The rules, written out once more the plain way, to hold the filter to them."""
     together = forks == "all"
     hang, elastic = "hang_timeout" in job, job.get("rdzv") == "c10d"
@@ -78,16 +80,21 @@ def expected(forks, barrier, job, live=0, spawn="ssh"):
         # Every node samples its use at the job's interval (5 s unless the job says), detached
         # or not.
         "sample_every": 5.0,
+        # A relaunch's start comes with the facts call where the barrier is in the start's call
+        # (a node that refuses calls it off everywhere), ssh starts the launcher and nothing
+        # comes between the facts and the start.
+        "with_facts": prior != "none" and where == "start" and spawn == "ssh" and not measure,
     }
 
 
 # The plan refuses an elastic rendezvous for any launcher but torchrun.
-@pytest.mark.parametrize("forks,barrier,kind,live,launcher,spawn", [
-    row for row in itertools.product(FORKS, [True, False], JOBS, [0, 5], LAUNCHERS_USED, SPAWNS)
+@pytest.mark.parametrize("forks,barrier,kind,live,launcher,spawn,prior", [
+    row for row in itertools.product(FORKS, [True, False], JOBS, [0, 5], LAUNCHERS_USED, SPAWNS,
+                                     PRIORS)
     if row[2] != "elastic" or row[4] == "torchrun"])
-def test_truth_table(forks, barrier, kind, live, launcher, spawn):
+def test_truth_table(forks, barrier, kind, live, launcher, spawn, prior):
     job = dict(JOBS[kind], launcher=launcher, spawn=spawn)
-    s = schedule(planned(barrier, **job), FORKS[forks], progress_every=live)
+    s = schedule(planned(barrier, **job), FORKS[forks], progress_every=live, prior=PRIORS[prior])
     got = {
         "all_at_once": s["all_at_once"], "forks_ok": s["forks_ok"], "barrier": s["barrier"],
         "gang": s["gang"], "start_opens": s["firewall"]["start_opens"],
@@ -97,13 +104,41 @@ def test_truth_table(forks, barrier, kind, live, launcher, spawn):
         "round": s["watch"]["round"], "warm": s["start"]["warm"],
         "hang": s["watch"]["hang"], "lost_fails": s["watch"]["lost_fails"],
         "spawn": s["spawn"], "sample_every": s["start"]["sample_every"],
-        "lines": s["watch"]["lines"],
+        "lines": s["watch"]["lines"], "with_facts": s["start"]["with_facts"],
     }
-    assert got == expected(forks, barrier, JOBS[kind], live, spawn)
+    assert got == expected(forks, barrier, JOBS[kind], live, spawn, prior)
     # Every decision says why.
     assert set(s["why"]) == {"barrier", "watch", "firewall", "teardown", "round", "restart",
                              "venv", "container", "start", "hang", "lost_fails", "spawn",
-                             "sample", "lines", "waves"}
+                             "sample", "lines", "waves", "with_facts"}
+
+
+def test_a_relaunchs_start_comes_with_its_facts_only_where_nothing_comes_between():
+    """Every reason the start must follow the facts call is named; where the firewall role opens
+    a node's rules (its job does not run as root there) the start must wait for it."""
+    prior = PRIORS["relaunch"]
+    assert schedule(planned(), 4, prior=prior)["start"]["with_facts"]
+    assert "run r0" in schedule(planned(), 4, prior=prior)["why"]["with_facts"]
+    walled = {h: {**hv, "torchherd_firewall": True} for h, hv in HOSTVARS.items()}
+    as_user = {"run_id": "r0", "facts": {h: {"euid": 1000} for h in HOSTS}}
+    cases = [
+        (planned(), 4, None, "launch", "no earlier launch"),
+        (planned(), 4, prior, "verify", "verify starts no job"),
+        (planned(), 2, prior, "launch", "the barrier is not in the start's call"),
+        (planned(interconnect="always"), 4, prior, "launch", "the interconnect check"),
+        (plan({"script": "t.py"}, GROUPS, walled, run_id="r1"), 4, as_user, "launch",
+         "the firewall role opens n0's rules"),
+        (dict(planned(), restart=1), 4, prior, "launch", "a restart of the run"),
+        (dict(planned(), spares=[{"host": "n9"}]), 4, prior, "launch", "spares"),
+        (dict(planned(), venv={"key": "k"}), 4, prior, "launch", "venv or finds its image"),
+    ]
+    for p, forks, given, playbook, why in cases:
+        s = schedule(p, forks, playbook=playbook, prior=given)
+        assert not s["start"]["with_facts"], why
+        assert why in s["why"]["with_facts"], s["why"]["with_facts"]
+    # As root there, the start opens the rules itself: nothing comes between.
+    as_root = schedule(plan({"script": "t.py"}, GROUPS, walled, run_id="r1"), 4, prior=prior)
+    assert as_root["start"]["with_facts"]
 
 
 def test_fewer_forks_than_nodes_run_each_task_in_waves():
@@ -259,12 +294,13 @@ def warm_plan(hostvars=None, **job):
 def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job(monkeypatch):
     warm = schedule(warm_plan(), 4)["start"]
     assert warm == {"warm": True, "module": "torch.distributed.run", "deadline": 64.0,
-                    "sample_every": 5.0}
+                    "sample_every": 5.0, "with_facts": False}
     # Every launcher's module is the one its command line runs with -m.
     for launcher, module in (("accelerate", "accelerate.commands.launch"),
                              ("deepspeed", "deepspeed.launcher.launch")):
         assert schedule(warm_plan(launcher=launcher), 4)["start"] == {
-            "warm": True, "module": module, "deadline": 64.0, "sample_every": 5.0}, launcher
+            "warm": True, "module": module, "deadline": 64.0, "sample_every": 5.0,
+            "with_facts": False}, launcher
     monkeypatch.setattr(LAUNCHERS["deepspeed"], "WARM_MODULE", None)
     left_off = plan({"script": "train.py"}, GROUPS, {
         h: dict(hv, torchherd_torchrun_warm="false" if h == "n2" else "true")
@@ -277,7 +313,7 @@ def test_the_launcher_starts_ahead_only_where_it_can_be_handed_the_job(monkeypat
            "verify": schedule(warm_plan(), 4, playbook="verify")}
     for why, s in off.items():
         assert s["start"] == {"warm": False, "module": None, "deadline": 64.0,
-                              "sample_every": 5.0}, why
+                              "sample_every": 5.0, "with_facts": False}, why
         assert s["why"]["start"].startswith("the launcher starts with the start: "), why
     assert "turned off (torchherd_torchrun_warm false)" in \
         off["a node leaves it off"]["why"]["start"]

@@ -13,10 +13,15 @@ the module's as it came.
 
 from __future__ import annotations
 
+import time
+
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.torchherd.cluster.plugins.plugin_utils._node_args import spread_arguments
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._node_args import (
+    job_secrets,
+    spread_arguments,
+)
 
 # Ansible's words where ssh ended before the module could be written to it.
 _NOT_SENT = "could not be sent"
@@ -28,9 +33,14 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        args = spread_arguments(self._task.args)
+        name = args.pop("secret_env_var", None)
+        if args.get("start") and name:
+            # A relaunch's start in this call: the job's secret values join it here, as in the
+            # torchrun_job action, so that no task argument holds them.
+            args["start_secret_env"] = job_secrets(self._templar, task_vars, name)
         try:
-            result.update(self._execute_module(module_args=spread_arguments(self._task.args),
-                                               task_vars=task_vars))
+            result.update(self._execute_module(module_args=args, task_vars=task_vars))
         except AnsibleConnectionFailure as lost:
             if _NOT_SENT not in str(lost):
                 raise
@@ -39,4 +49,7 @@ class ActionModule(ActionBase):
             except AnsibleConnectionFailure as reason:
                 raise AnsibleConnectionFailure(str(reason)) from lost
             raise
+        if isinstance(result.get("start"), dict):
+            # As torchrun_job's action stamps every answer (the summary's timings).
+            result["start"]["received_at"] = time.time()
         return result

@@ -28,6 +28,7 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._plan_run import
     new_run_id,
     nice_json,
 )
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._prior import find, job_key, point
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._run_record import record
 
 _ARGS = {
@@ -68,14 +69,23 @@ class ActionModule(ActionBase):
         for key, default in (("runs_dir", "runs"), ("code_src", ".")):
             plan["job"][key] = os.path.realpath(os.path.expanduser(raw.get(key) or default))
         code = hash_code(plan["job"])
+        # The last launch of the same job on the same nodes, whose preflight passed: a relaunch's
+        # starts may come with its facts calls (the schedule decides, start.with_facts).
+        key = job_key(plan, code.get("hash"))
+        launching = args["playbook"] == "launch" and not self._task.check_mode
+        prior = find(plan["job"]["runs_dir"], key, [n["host"] for n in plan["nodes"]]) \
+            if launching else None
         schedule = make_schedule(plan, forks=args["forks"], playbook=args["playbook"],
-                                 progress_every=args["progress_every"])
+                                 progress_every=args["progress_every"], prior=prior)
         check_plan(plan, schedule, code, args["forks"])
         recorded = dict(plan, code_hash=code.get("hash"), code_files=code.get("count") or 0)
         run_dir, written, _now = record(
             os.path.join(plan["job"]["runs_dir"], plan["run_id"]),
             {"plan.json": nice_json(recorded), "schedule.json": nice_json(schedule)},
             claim=True, mark="plan", check_mode=self._task.check_mode)
+        if launching:
+            point(plan["job"]["runs_dir"], key, plan["run_id"])
         result.update(changed=True, plan=plan, schedule=schedule, code=code, run_dir=run_dir,
-                      files=written)
+                      files=written,
+                      prior=prior if schedule["start"]["with_facts"] else None)
         return result

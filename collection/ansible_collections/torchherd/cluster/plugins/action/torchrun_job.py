@@ -31,12 +31,15 @@ import json
 import os
 import time
 
-from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.vars import merge_hash
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._atomic import write_atomic
-from ansible_collections.torchherd.cluster.plugins.plugin_utils._node_args import spread_arguments
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._node_args import (
+    job_secrets,
+    spread_arguments,
+)
 
 
 class HangWatch:
@@ -172,13 +175,8 @@ class ActionModule(NormalAction):
         """The module with the secret_env of the job in variable secret_env_var added to its
         arguments (those given as secret_env win), as the normal action runs it otherwise."""
         args = dict(self._task.args)
-        name = args.pop("secret_env_var")
-        job = self._templar.template((task_vars or {}).get(name) or {})
-        secrets = job.get("secret_env") if isinstance(job, dict) else None
-        if not isinstance(secrets or {}, dict):
-            raise AnsibleError(f"secret_env_var {name}: expected its secret_env to be a mapping "
-                               f"of names to values, found {type(secrets).__name__}")
-        args["secret_env"] = {**(secrets or {}), **(args.get("secret_env") or {})}
+        secrets = job_secrets(self._templar, task_vars, args.pop("secret_env_var"))
+        args["secret_env"] = {**secrets, **(args.get("secret_env") or {})}
         result = super(NormalAction, self).run(tmp, task_vars)
         result = merge_hash(result, self._execute_module(module_args=args, task_vars=task_vars))
         self._remove_tmp_path(self._connection._shell.tmpdir)

@@ -33,6 +33,12 @@ options:
         as RV(port_picked).
     type: bool
     default: false
+  prefer_port:
+    description:
+      - With O(pick_port), the port picked where it is free (a relaunch whose start comes with
+        this call keeps the master port its starts were computed for); 0 lets the kernel pick.
+    type: int
+    default: 0
   probe_timeout:
     description: Seconds allowed for importing torch in the job interpreter.
     type: float
@@ -208,4 +214,33 @@ options:
         description: Seconds it waits for the start.
         type: float
         default: 60
+  start:
+    description:
+      - A relaunch's start in this call: M(torchherd.cluster.torchrun_job)'s arguments for
+        O(torchherd.cluster.torchrun_job#module:state=started), as the controller computed them
+        from the last launch's preflight of the same job on the same nodes (the schedule's
+        C(start.with_facts)). Checked against that module's own argument spec.
+      - Once the facts are read (and the launcher started ahead, O(warm)), the node compares
+        them with O(start_expect) and goes to the start's barrier either way; it refuses there
+        where they differ (or where the start could not get that far), and the master then
+        calls the start off on every node (RV(start)). Nothing of a start called off stays: the
+        rules it opened go again; the launcher started ahead stays for the next start.
+      - Not in check mode. Null (the default) starts nothing.
+    type: dict
+  start_expect:
+    description:
+      - What the facts must be for O(start) to go on here - C(facts), the fingerprint of each
+        fact the last launch's gate judged (by name), C(min_free_bytes), the gate's floor of
+        free disk at O(root) - and the code the controller's (RV(code_current)).
+    type: dict
+    default: {}
+  start_secret_env:
+    description: The job's secret variables for O(start), added by the action from
+      O(secret_env_var); never logged.
+    type: dict
+    default: {}
+  secret_env_var:
+    description: The variable that holds the job (with its C(secret_env)), read by the action
+      on the controller for O(start); the module itself ignores it.
+    type: str
 """

@@ -37,6 +37,18 @@ options:
     description: How long the node's cached torch probe is trusted (C(torchherd_preflight_cache_s)).
     type: int
     required: true
+  prior:
+    description:
+      - The last launch of the same job on the same nodes whose preflight passed, as the plan
+        phase found it (M(torchherd.cluster.plan_run)'s RV(torchherd.cluster.plan_run#module:prior),
+        C(torchherd_prior)); null where there is none.
+      - Where the schedule has the start come with the facts call (C(start.with_facts)), the
+        start's arguments are computed from its verdict and this node's facts then, as filter
+        C(torchherd.cluster.start_args) computes them.
+    type: dict
+  grace:
+    description: Seconds between SIGTERM and SIGKILL for that start (C(torchherd_torchrun_grace)).
+    type: float
 """
 
 EXAMPLES = r"""
@@ -58,15 +70,20 @@ _value:
       elsewhere, or where the port is C(auto)); C(pick_port) where the master picks a free one;
       C(warm) asks for the launcher to start ahead where the node's part of the schedule says
       so (RV(torchherd.cluster.node_schedule#filter:start_ahead)), else it is empty.
+    - Where the schedule has the start come with the facts call, also C(start) (the start's
+      arguments, as filter C(torchherd.cluster.start_args) returns them, from O(prior)),
+      C(start_expect) (what the node's facts must be for it to go on) and, on the master of a
+      job whose master port is C(auto), C(prefer_port) (the port the starts were computed for).
   type: dict
 """
 
 
-def facts_args(plan, schedule, node, code, host, cache_seconds):
+def facts_args(plan, schedule, node, code, host, cache_seconds, prior=None, grace=None):
     for name, value in (("plan", plan), ("node", node)):
         if not isinstance(value, dict):
             raise AnsibleFilterError(f"facts_args: expected {name} as a dict, found {type(value).__name__}")
-    return _facts_args(plan, schedule or {}, node, code or {}, host, cache_seconds)
+    return _facts_args(plan, schedule or {}, node, code or {}, host, cache_seconds, prior=prior,
+                       grace=grace)
 
 
 class FilterModule:

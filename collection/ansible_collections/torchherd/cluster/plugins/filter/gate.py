@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ansible_collections.torchherd.cluster.plugins.module_utils._launchers import LAUNCHERS
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._answers import with_facts
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate import (
     CHECKS,
     GPU_CHECKS,
@@ -154,6 +155,14 @@ _value:
       description: The plan's C(excluded) and C(left_out) (C(torchherd.cluster.choose_nodes)),
         each node the launch left out and why; empty where the job takes every node.
       type: dict
+    with_facts:
+      description:
+        - Where the nodes' starts came with their facts calls (the schedule's
+          C(start.with_facts)), what became of them - C(started) (the job went on on every
+          node), C(refused) (each node that refused at the barrier, and why - its facts changed
+          since the last launch's preflight) and C(called_off) (what the barrier said where it
+          called the start off; the launch then took the full path) - else null.
+      type: dict
 """
 
 
@@ -212,6 +221,7 @@ def gate(hosts, hostvars, plan, match=None):
         "left_out": left_out,
         "node_env": node_env,
         "facts": {host: hostvars.get(host, {}).get("torchherd_facts") for host in hosts},
+        "with_facts": with_facts(hosts, hostvars),
         "table": render(host_rows(hosts, facts, interfaces, run.gpu_counts, run.nprocs),
                         problems, interconnect, warnings, left_out),
     }

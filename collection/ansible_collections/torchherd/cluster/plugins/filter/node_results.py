@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ansible_collections.torchherd.cluster.plugins.filter.run_state import run_state
 from ansible_collections.torchherd.cluster.plugins.module_utils._use import use_of
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._answers import answer
 
 DOCUMENTATION = r"""
 name: node_results
@@ -122,7 +123,7 @@ def node_results(hosts, hostvars, nodes_dir=""):
                  "logs_fetched": False}
         # The job's state as the node answered it last; an answer of a later phase without
         # one (no answer over SSH, a failed task) says what came after.
-        answers = [_plain(hv.get(key)) for key in _PHASES]
+        answers = [answer(hv, key) for key in _PHASES]
         last = _read_last(answers)
         for res in reversed(answers[last + 1:]):
             if res.get("unreachable"):
@@ -180,7 +181,7 @@ def node_results(hosts, hostvars, nodes_dir=""):
                              "bytes": sync["transferred_bytes"]}
         # Where the launch's phases ended on this node, on the controller's clock: its sync's
         # copy (none where nothing was sent) and the answer of a start that started the job.
-        start = _plain(hv.get("torchherd_start"))
+        start = answer(hv, "torchherd_start")
         entry["sync_ended_at"] = sync.get("ended_at")
         entry["start_answered_at"] = start.get("received_at") if start.get("started") else None
         out[host] = entry

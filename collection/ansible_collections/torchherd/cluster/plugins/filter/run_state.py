@@ -12,6 +12,7 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._runstate import
     empty,
     rules_open,
 )
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._answers import answer
 
 DOCUMENTATION = r"""
 name: run_state
@@ -131,7 +132,7 @@ def _role_rules(hv):
         # the record holds what it opened).
         node_firewall = _plain(_plain(hv.get("torchherd_node")).get("firewall"))
         if (node_firewall and not node_firewall.get("enabled")) \
-                or "firewall" in _plain(hv.get("torchherd_start")):
+                or "firewall" in answer(hv, "torchherd_start"):
             return []
         return None
     role = _plain(hv["torchherd_firewall"])
@@ -146,7 +147,7 @@ def run_state(hosts, hostvars, nodes_dir=""):
     records = {}
     for host in hosts:
         hv = hostvars.get(host, {})
-        copies = [_plain(hv.get(key)).get("record") for key in COPIES]
+        copies = [answer(hv, key).get("record") for key in COPIES]
         records[host] = newest(copies + [_collected(nodes_dir, host)])
     gang_lost = {name for rec in records.values() if rec
                  for name in (_plain(rec.get("gang")).get("lost") or [])}
@@ -167,7 +168,7 @@ def run_state(hosts, hostvars, nodes_dir=""):
             else:
                 rules = (role or []) + rules_open(record)
         why = ""
-        unreachable = [key for key in RESULTS if _plain(hv.get(key)).get("unreachable")]
+        unreachable = [key for key in RESULTS if answer(hv, key).get("unreachable")]
         if unreachable:
             why = f"no answer over SSH ({unreachable[0].replace('torchherd_', '')})"
         elif host in gang_lost:

@@ -70,6 +70,13 @@ options:
         second (C(watch.lines)), so that a live view shows every node's line about 2 s behind.
     type: float
     default: 0
+  prior:
+    description:
+      - The last launch of the same job on the same nodes whose preflight passed - C(run_id)
+        and C(facts), that preflight's facts by host - as the plan phase found it in the runs
+        directory; null where there is none. With it a relaunch's starts may come with the
+        facts call (C(start.with_facts)).
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -139,6 +146,12 @@ _value:
         deadline:
           description: Seconds a warm launcher waits for the start before it ends by itself.
           type: float
+        with_facts:
+          description:
+            - Whether each node's start comes with preflight's facts call (a relaunch of the same
+              job on the same nodes whose last preflight passed, O(prior)); a node whose facts
+              changed refuses, and the launch then takes the full path.
+          type: bool
         sample_every:
           description: Seconds between two samples of each node's use (its GPUs' utilization
             and memory, its CPU and memory) into its run record while the job runs, the job's
@@ -252,11 +265,11 @@ _value:
 __all__ = ["FREE", "LINEAR", "schedule"]
 
 
-def schedule(plan, forks, playbook="launch", progress_every=0):
+def schedule(plan, forks, playbook="launch", progress_every=0, prior=None):
     if not isinstance(plan, dict) or "nodes" not in plan or "job" not in plan:
         raise AnsibleFilterError("schedule: expected the plan (torchherd_plan), found "
                                  f"{type(plan).__name__}")
-    return decide(launch(plan, forks, playbook, progress_every))
+    return decide(launch(plan, forks, playbook, progress_every, prior))
 
 
 class FilterModule:

@@ -57,10 +57,13 @@ def port_free(port):
     return True
 
 
-def pick_free(tries=5):
+def pick_free(tries=5, prefer=0):
     """A port free on every address of the node, as the kernel hands one out for port 0 (as
     torch's own get_free_port does): the master port of a job whose master_port is auto, so
-    that users and checkouts of one machine each get their own. None where none was found."""
+    that users and checkouts of one machine each get their own. None where none was found.
+    With `prefer`, that port where it is free (a relaunch keeps its master port)."""
+    if prefer and port_free(prefer):
+        return prefer
     for _try in range(tries):
         sock, _why = bind(0)
         if sock is None:

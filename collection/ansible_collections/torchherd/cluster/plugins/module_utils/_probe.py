@@ -33,13 +33,16 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible_collections.torchherd.cluster.plugins.module_utils._ports import bind
 from ansible_collections.torchherd.cluster.plugins.module_utils._probeback import (
     BACK,
+    REFUSE,
     back_error,
     offer_back,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._probeproblems import (
+    REFUSED,
     called_off,
     pair_problem,
     problem,
+    refused_problem,
 )
 
 GO = "go"
@@ -72,6 +75,8 @@ class Listener(threading.Thread):
         # With `hold`, every node that named its way back: name, address, port (None where it
         # could not listen there) and its connection, for the pairs (prove_pairs).
         self.entries = []
+        # The names of the nodes that said they will not start (REFUSE).
+        self.refused = []
         self._checks = []
         self._lock = threading.Lock()
 
@@ -110,16 +115,20 @@ class Listener(threading.Thread):
             words = []
         port = int(words[1]) if len(words) >= 2 and words[0] == BACK and words[1].isdigit() \
             else None
+        refuses = len(words) >= 4 and words[0] == BACK and words[3] == REFUSE
+        name = words[2] if len(words) > 2 and words[2] != "-" else address
         # A probe that offers no way back has nothing to check.
         error = connect_back(address, port, self.token, self.timeout) if port is not None \
             else None
         with self._lock:
             self.back[address] = error
+            if refuses:
+                self.refused.append(name)
             if self.hold:
                 self.held.append(conn)
                 if len(words) >= 2 and words[0] == BACK:
-                    self.entries.append({"name": words[2] if len(words) > 2 else address,
-                                         "address": address, "port": port, "conn": conn})
+                    self.entries.append({"name": name, "address": address, "port": port,
+                                         "conn": conn})
                 return
         conn.close()
 
@@ -339,7 +348,7 @@ def run_token(run_id):
 
 
 def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False, source=None,
-          name=None):
+          name=None, refuse=False):
     """One node's part of the probe, run on every node at once: the master (`listen`) answers up
     to `expect` nodes for `window` seconds while every node, the master too, connects to
     host:port, retries a refused connection (with `hold`, an unanswered one too) for `window`
@@ -353,7 +362,8 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     -> error). With `hold`, held is what the barrier decides on: (the master's Listener keeping
     the nodes' connections, for prove_pairs() and release(), or None on the other nodes; this
     node's kept connection, for wait_word(); its back port, still open for the peers); else
-    None. `name` is how this node is named in the pairs' messages (its address without it)."""
+    None. `name` is how this node is named in the pairs' messages (its address without it);
+    `refuse`: this node tells the master it will not start (see barrier)."""
     started = time.monotonic()
     result = {"back_error": None}
     listener = None
@@ -371,7 +381,8 @@ def probe(host, port, token, timeout, window, listen=False, expect=1, hold=False
     back = None
     if reachable:
         result["address"] = kept.sock.getsockname()[0]
-        back = offer_back(kept.sock, token, _held_seconds(window, timeout, expect), name)
+        back = offer_back(kept.sock, token, _held_seconds(window, timeout, expect), name,
+                          refuse=refuse)
     if listener is None and hold:
         return result, (None, kept, back)
     if kept is not None and not hold:
@@ -392,7 +403,7 @@ def _held_seconds(window, timeout, expect):
 
 
 def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=None,
-            gang=None, name=None):
+            gang=None, name=None, refuse=None):
     """The probe as a start barrier: every node reaches the master port, the master reaches
     every node back, and every node reaches every other (the pairs), or none starts.
 
@@ -401,10 +412,14 @@ def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=
     With `gang` (a listening socket, on the master) the go names its port, and every node's
     result has `gang_port`: the node-side gang (see _gang) meets there. Where pairs failed,
     every node's result has `pairs_failed` (the problems, at most MOST_PAIRS) and `error`
-    names them. `name` names this node in those (see probe)."""
+    names them. `name` names this node in those (see probe).
+
+    With `refuse` (why, in a few words), this node comes as every node does but says it will
+    not start: the master calls the start off on every node as soon as all came, and every
+    node's result has `refused`, the names of the nodes that refused (REFUSED problems)."""
     token = run_token(run_id)
     result, held = probe(host, port, token, timeout, window, listen, expect, hold=True,
-                         source=source, name=name)
+                         source=source, name=name, refuse=bool(refuse))
     listener, kept, back = held or (None, None, None)
     seconds = _held_seconds(window, timeout, expect)
     if listen:
@@ -415,7 +430,9 @@ def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=
                                 daemon=True) if kept is not None else None
         if mine is not None:
             mine.start()
-        failed = listener.prove_pairs(timeout)[:MOST_PAIRS] if go else []
+        refusals = [refused_problem(who) for who in listener.refused] if listener else []
+        failed = listener.prove_pairs(timeout)[:MOST_PAIRS] if go and not refusals else []
+        failed = refusals + failed
         go = go and not failed
         if listener is not None:
             word = GO if not go or gang is None else f"{GO} {gang.getsockname()[1]}"
@@ -426,7 +443,7 @@ def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=
         if back is not None:
             back.close()
         if failed:
-            result.update(pairs_failed=failed, error=called_off(failed))
+            result.update(_called_off(failed))
         return dict(result, go=go, gang_port=gang.getsockname()[1] if gang else None)
     if not result["reachable"]:
         return dict(result, go=False)
@@ -436,8 +453,22 @@ def barrier(host, port, run_id, timeout, window, listen=False, expect=1, source=
     # The master decided after its connections back: by now this node's was made or not.
     result["back_error"] = back_error(back, result["address"], 0.5)
     if not go and said:
-        result.update(pairs_failed=said, error=called_off(said))
+        result.update(_called_off(said))
     elif not go and not result["back_error"]:
         result["error"] = (f"the start was called off: not every node reached {host}:{port} "
                            f"(and was reached back) within {window:g} s")
     return dict(result, go=go)
+
+
+def _called_off(problems):
+    """What a node's result says where the master named why it called the start off: the
+    nodes that refused to start (`refused`, their names), the pairs that failed
+    (`pairs_failed`), and `error`."""
+    refused = [p["host"] for p in problems if p.get("check") == REFUSED]
+    pairs = [p for p in problems if p.get("check") != REFUSED]
+    said = {"error": called_off(problems)}
+    if refused:
+        said["refused"] = refused
+    if pairs:
+        said["pairs_failed"] = pairs
+    return said

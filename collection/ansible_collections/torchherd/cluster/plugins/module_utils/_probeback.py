@@ -12,6 +12,9 @@ import time
 
 # The word before the back port's number on a node's connection to the master.
 BACK = "back"
+# The last word of a node's "back" line where it will not start (its facts changed since the
+# launch that the start's arguments were computed for): the master then calls the start off.
+REFUSE = "refuse"
 
 
 class BackPort(threading.Thread):
@@ -61,10 +64,11 @@ class BackPort(threading.Thread):
         self.sock.close()
 
 
-def offer_back(sock, token, seconds, name=None):
+def offer_back(sock, token, seconds, name=None, refuse=False):
     """Listen at the connection's local address and tell the master the port (and this node's
     name, for the pairs' messages); None where the node cannot listen there (it says so, and
-    the master checks nothing back)."""
+    the master checks nothing back). With `refuse`, the line also says that this node will not
+    start (REFUSE)."""
     try:
         back = BackPort(sock.getsockname()[0], token, seconds)
     except OSError:
@@ -72,6 +76,8 @@ def offer_back(sock, token, seconds, name=None):
     else:
         back.start()
     named = f" {name}" if name and not any(c.isspace() for c in name) else ""
+    if refuse:
+        named = f"{named or ' -'} {REFUSE}"
     try:
         sock.sendall(f"{BACK} {back.port if back else '-'}{named}\n".encode())
     except OSError:

@@ -27,6 +27,19 @@ def pair_problem(node, source, peer, address, port, error):
         f"reach each other (torchherd_socket_ifname)")
 
 
+# The check of a node that would not start: its facts changed since the launch the start's
+# arguments were computed for (a relaunch's start in its facts call, see _relaunch).
+REFUSED = "facts unchanged"
+
+
+def refused_problem(node):
+    """Why the start was called off where `node` refused to start."""
+    return problem(node, REFUSED,
+                   "the node's facts as the last launch's preflight judged them",
+                   "they changed (the node's own answer names which)",
+                   "none needed: the launch judges the fresh facts and starts again")
+
+
 def describe(problems, most=5):
     """Problems in one message, each as "host: check: expected ...; found ...; fix: ...",
     the first `most` of them."""

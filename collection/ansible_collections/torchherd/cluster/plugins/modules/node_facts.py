@@ -200,6 +200,16 @@ warm:
   returned: always
   type: dict
   sample: {started: true, pid: 4242, deadline: 60}
+start:
+  description:
+    - With O(start), what the start did, as M(torchherd.cluster.torchrun_job)'s state=started
+      returns it (C(started), C(pid), C(probe), C(record), ...), and C(received_at), the
+      controller's time of the answer. C(started) false where the barrier called the start
+      off; C(probe.refused) then names the nodes that refused, and C(probe.refused_here) why
+      this node did.
+  returned: with O(start), but in check mode
+  type: dict
+  sample: {started: true, pid: 4242, job_state: running}
 gpu_processes:
   description:
     - The processes holding a GPU now (C(nvidia-smi --query-compute-apps)), each with
@@ -290,10 +300,14 @@ from ansible_collections.torchherd.cluster.plugins.module_utils._nodefiles impor
     free_disk,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._ports import pick_free, port_free
+from ansible_collections.torchherd.cluster.plugins.module_utils._relaunch import (
+    changed as refusal,
+)
 from ansible_collections.torchherd.cluster.plugins.module_utils._rundir import (
     all_runs_with_processes,
 )
 from ansible_collections.torchherd.cluster.plugins.module_utils._stacks import py_spy_path
+from ansible_collections.torchherd.cluster.plugins.module_utils._starterror import StartError
 from ansible_collections.torchherd.cluster.plugins.module_utils._torchprobe import NVIDIA_PROC
 
 ARGUMENT_SPEC = dict(
@@ -301,6 +315,7 @@ ARGUMENT_SPEC = dict(
     root=dict(type="path", required=True),
     port=dict(type="int", default=0),
     pick_port=dict(type="bool", default=False),
+    prefer_port=dict(type="int", default=0),
     probe_timeout=dict(type="float", default=60),
     cache_seconds=dict(type="int", default=0),
     code_dir=dict(type="path", default=""),
@@ -335,6 +350,11 @@ ARGUMENT_SPEC = dict(
     )),
     # Spread into the other arguments by the action, which takes it out before the module runs.
     arguments=dict(type="dict", default={}),
+    start=dict(type="dict"),
+    start_expect=dict(type="dict", default={}),
+    start_secret_env=dict(type="dict", default={}, no_log=True),
+    # Read by the action, which adds its secret values as start_secret_env.
+    secret_env_var=dict(type="str", no_log=False),
 )
 
 
@@ -366,7 +386,7 @@ def gather(p, check_mode):
         addresses=ifaces,
         interface=select(p["master_addr"], p["interface"], ifaces) if p["master_addr"] else None,
         port_free=port_free(p["port"]) if p["port"] else None,
-        port_picked=pick_free() if p["pick_port"] else None,
+        port_picked=pick_free(prefer=p["prefer_port"]) if p["pick_port"] else None,
         disk_free_bytes=free_disk(root),
         rsync=shutil.which("rsync"),
         py_spy=py_spy_path(python),
@@ -383,11 +403,26 @@ def gather(p, check_mode):
 def main():
     skip_last_collection()
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    p = module.params
     try:
-        facts = gather(module.params, module.check_mode)
+        facts = gather(p, module.check_mode)
     except OSError as exc:
         module.fail_json(msg=f"reading the node's facts: {exc}", exception=traceback.format_exc())
-    module.exit_json(changed=False, **facts)
+    changed = False
+    if p["start"] and not module.check_mode:
+        # Imported here: a facts call without a start compiles none of the start's code.
+        from ansible_collections.torchherd.cluster.plugins.module_utils._jobctl.withfacts import (
+            start_with_facts,
+        )
+
+        try:
+            facts["start"] = start_with_facts(module, p["start"], p["start_secret_env"],
+                                              refusal(facts, p["start_expect"]))
+        except StartError as exc:  # after the barrier's go: the gate names the node
+            module.fail_json(msg=f"the start that came with the facts call failed: {exc}",
+                             **facts)
+        changed = bool(facts["start"].get("changed"))
+    module.exit_json(changed=changed, **facts)
 
 
 if __name__ == "__main__":

@@ -123,4 +123,16 @@ files:
   returned: always
   type: list
   elements: str
+prior:
+  description:
+    - Where the schedule has each node's start come with its facts call (C(start.with_facts)),
+      the last launch of the same job on the same nodes whose preflight passed - C(run_id),
+      C(gate) (what of its verdict the starts are computed from), C(facts) and C(expect) (what
+      each node's fresh facts must be, node_facts' O(torchherd.cluster.node_facts#module:start_expect)),
+      by host; null elsewhere.
+    - Each launch of the playbook C(launch) (not in check mode) leaves a pointer to itself under
+      the hash of its job in the runs directory (C(.relaunch/)), which the next launch of the
+      same job follows.
+  returned: always
+  type: dict
 """

@@ -32,16 +32,30 @@ def spread_arguments(task_args):
     return {**whole, **given}
 
 
-def facts_args(plan, schedule, node, code, host, cache_seconds):
+def job_secrets(templar, task_vars, name):
+    """The secret values (secret_env) of the job that variable ``name`` holds, templated at run
+    time by an action: no task argument holds them (callbacks see every task's arguments)."""
+    job = templar.template((task_vars or {}).get(name) or {})
+    secrets = job.get("secret_env") if isinstance(job, dict) else None
+    if not isinstance(secrets or {}, dict):
+        raise AnsibleActionFail(f"secret_env_var {name}: expected its secret_env to be a "
+                                f"mapping of names to values, found {type(secrets).__name__}")
+    return dict(secrets or {})
+
+
+def facts_args(plan, schedule, node, code, host, cache_seconds, prior=None, grace=None):
     """The arguments of the node's facts call (see filter facts_args), but its venv, which the
-    task reads from the job's lock file on the controller where the node has one."""
+    task reads from the job's lock file on the controller where the node has one. Where the
+    schedule has the start come with it (start.with_facts), also the start's arguments, computed
+    from ``prior`` (plan_run's: the last preflight of the same job on the same nodes), and what
+    the node's facts must be for it to go on; ``grace``: the start's."""
     master = plan["master"]
     # Where spares may make another node the master, every node's port is looked at. A job whose
     # master_port is auto has the master pick a free one (the gate's master_port).
     looked_at = host == master["host"] or bool(plan.get("spares"))
     container = plan.get("container")
     job = plan["job"]
-    return {
+    args = {
         "python": node["python"],
         "root": node["root"],
         "port": master["port"] if master["port"] != "auto" and looked_at else 0,
@@ -69,6 +83,26 @@ def facts_args(plan, schedule, node, code, host, cache_seconds):
         if schedule and decide_node(schedule, Node(entry=dict(node), facts={}, started={}))["start_ahead"]
         else {},
     }
+    if prior and schedule and schedule["start"].get("with_facts"):
+        args.update(_with_facts(plan, schedule, node, host, prior, grace, looked_at,
+                                bool(args["warm"])))
+    return args
+
+
+def _with_facts(plan, schedule, node, host, prior, grace, looked_at, warm):
+    """The start and what the facts must be for it (node_facts' start and start_expect), from
+    the last preflight's verdict and this node's facts then; the master port picked then, where
+    the job's is auto, is picked again where it is still free."""
+    facts = prior["facts"][host]
+    opens = decide_node(schedule, Node(entry=dict(node), facts=dict(facts), started={}))
+    start = start_args(plan, schedule, prior["gate"], node, facts, host,
+                       firewall=opens["firewall"] == "start", grace=grace, slurm={})
+    # The launcher this very call starts ahead is handed the job, as on the full path.
+    start["warm"] = warm
+    said = {"start": start, "start_expect": prior["expect"][host]}
+    if plan["master"]["port"] == "auto" and looked_at:
+        said["prefer_port"] = prior["gate"]["master_port"]
+    return said
 
 
 def _gpus(facts):

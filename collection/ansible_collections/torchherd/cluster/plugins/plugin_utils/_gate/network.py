@@ -5,6 +5,7 @@ node's job traffic uses, and the firewall rules a node lacks where the user may 
 
 from __future__ import annotations
 
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._answers import answer
 from ansible_collections.torchherd.cluster.plugins.plugin_utils._gate.common import problem
 
 
@@ -19,7 +20,7 @@ def _named(plan, host):
 def _probe(hostvars, host):
     """The probe alone (verify), or the start barrier's own probe (launch)."""
     return (hostvars.get(host, {}).get("torchherd_probe")
-            or (hostvars.get(host, {}).get("torchherd_start") or {}).get("probe") or {})
+            or answer(hostvars.get(host, {}), "torchherd_start").get("probe") or {})
 
 
 def reachable(facts, hostvars, plan):

@@ -42,9 +42,12 @@ class Launch(NamedTuple):
     detach: bool
     hang: bool
     slurm: frozenset
+    # The last launch of the same job on the same nodes whose gate passed (its run_id, and the
+    # facts its preflight judged, by host), or None: see start_with_facts.
+    prior: dict = None
 
 
-def launch(plan, forks, playbook, progress_every):
+def launch(plan, forks, playbook, progress_every, prior=None):
     """The launch the schedule decides on, from the filter's arguments."""
     job = plan["job"]
     candidates = plan["nodes"] + plan.get("spares", [])
@@ -52,7 +55,8 @@ def launch(plan, forks, playbook, progress_every):
                   master=plan["master"]["host"], forks=int(forks), playbook=playbook,
                   progress_every=float(progress_every or 0), detach=bool(job.get("detach")),
                   hang=int(job.get("hang_timeout") or 0) > 0,
-                  slurm=frozenset(node["host"] for node in candidates if node.get("slurm_job")))
+                  slurm=frozenset(node["host"] for node in candidates if node.get("slurm_job")),
+                  prior=prior or None)
 
 
 def playbook(c, s):
@@ -173,6 +177,53 @@ def start(c, s):
         f"each node's launcher starts in preflight's facts call and imports {module} while the "
         f"launch goes on; the start hands it the job (where none waits, or under srun, it "
         f"starts anew); unclaimed, it ends after {value['deadline']:g} s")
+
+
+def _with_facts_off(c, s):
+    """Why a node's start cannot come with its facts call, or None where it can."""
+    if c.playbook != "launch":
+        return "verify starts no job"
+    if c.plan.get("restart"):
+        return "a restart of the run"
+    if not c.prior:
+        return "no earlier launch of this job on these nodes whose preflight passed"
+    if s["barrier"] != "start":
+        return ("the barrier is not in the start's call, where a node that refuses calls the "
+                "start off on every node")
+    if c.plan.get("spares"):
+        return "spares: preflight chooses the job's nodes"
+    if c.plan.get("venv") or c.plan.get("container"):
+        return "the facts call makes the job's venv or finds its image first"
+    if any(s["spawn"][h] != "ssh" for h in c.hosts):
+        return "srun starts the launcher"
+    if c.job.get("interconnect") == "always":
+        return "the interconnect check comes between the facts and the start"
+    facts = c.prior.get("facts") or {}
+    for node in c.plan["nodes"]:
+        if (node.get("firewall") or {}).get("enabled") and (
+                not s["firewall"]["start_opens"]
+                or (facts.get(node["host"]) or {}).get("euid") != 0):
+            return f"the firewall role opens {node['host']}'s rules before the start"
+    return None
+
+
+def start_with_facts(c, s):
+    """On a relaunch of the same job (the same plan but its run id, and the same code) on the
+    same nodes, whose last launch's preflight passed, each node's start comes with its facts
+    call: one module call per node fewer. The controller computes every start from that
+    preflight's verdict; a node goes on only where its fresh facts are the ones judged then
+    (node_facts' start_expect), else it refuses at the barrier, which calls the start off on
+    every node, and the launch takes the full path (the gate on the fresh facts, the sync, the
+    start). Only where nothing must come between the facts and the start: the barrier in the
+    start's call, no spares, no venv or image to make ready, ssh, no interconnect check, and
+    every node's rules opened by its start (or none)."""
+    off = _with_facts_off(c, s)
+    if off is not None:
+        return False, f"the start follows the facts call: {off}"
+    return True, (f"a relaunch of run {c.prior.get('run_id')}'s job on the same nodes: each "
+                  "node's start comes with its facts call and goes on only where the facts are "
+                  "the ones that launch's preflight judged; a node that refuses calls the start "
+                  "off everywhere and the launch takes the full path")
 
 
 def sample_every(c, s):
@@ -401,6 +452,7 @@ DECISIONS = (
     ("start", start, "start"),
     ("start.sample_every", sample_every, "sample"),
     ("spawn", spawn, "spawn"),
+    ("start.with_facts", start_with_facts, "with_facts"),
     ("watch", watch, "watch"),
     ("watch.round", watch_round, "round"),
     ("watch.lines", watch_lines, "lines"),
