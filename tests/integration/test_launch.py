@@ -96,14 +96,52 @@ def test_allreduce_three_nodes_two_procs(cluster3, tmp_path):
         assert cluster3.pids(node, JOB_PROCS) == []
 
 
+class NodeTasks:
+    """From a launch's events: every task that ran on each node, in order, and its result."""
+
+    def __init__(self):
+        self.ran = {}
+
+    def __call__(self, event):
+        data = event.get("event_data") or {}
+        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("host"):
+            self.ran.setdefault(data["host"], []).append((data.get("task"), data.get("res")))
+
+    def names(self, host):
+        return [task for task, _res in self.ran.get(host, [])]
+
+
+def barrier_where(runs, result, host):
+    """Where the node's barrier ran, as its run-state record says: the start, or the facts."""
+    record = json.loads((runs / result.run_id / "nodes" / host / "run.json").read_text())
+    return record["barrier"]["where"]
+
+
 def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
     code = tmp_path / "code"
     shutil.copytree(EXAMPLES, code)
     runs = tmp_path / "runs"
     first = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
-    second = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
+    tasks = NodeTasks()
+    second = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs,
+                    on_event=tasks)
     assert first.ok and second.ok
     assert first.run_id != second.run_id
+    # The relaunch of the same job on the same nodes: each node's start came with its facts
+    # call (the schedule's start.with_facts), one module call per node up to the start; the
+    # start task did not run anywhere.
+    schedule = json.loads((runs / second.run_id / "schedule.json").read_text())
+    assert schedule["start"]["with_facts"] and first.run_id in schedule["why"]["with_facts"]
+    verdict = json.loads((runs / second.run_id / "preflight.json").read_text())["gate"]
+    assert verdict["with_facts"] == {"started": True, "refused": {}, "called_off": None}
+    for node in cluster3.nodes:
+        ran = tasks.names(node.name)
+        assert ran[0] == "Gather node facts" and "Start torchrun on every node" not in ran, ran
+        assert tasks.ran[node.name][0][1]["start"]["started"] is True
+        assert barrier_where(runs, second, node.name) == "facts"
+        assert second.hosts[node.name]["state"] == "succeeded"
+        assert second.hosts[node.name]["warm"]["used"], second.hosts[node.name]["warm"]
+    assert barrier_where(runs, first, cluster3.nodes[0].name) == "start"
     # The code on the nodes is what the controller has: the relaunch sends nothing to any of
     # them (the nodes' own hash of their copy said so in preflight: code_current).
     assert second.sync == {"files": 0, "bytes": 0, "nodes_sent_to": 0}, second.sync
@@ -123,6 +161,28 @@ def test_relaunch_sends_no_unchanged_code(cluster3, tmp_path):
     facts = json.loads((runs / third.run_id / "preflight.json").read_text())["facts"]
     assert not any(f["code_current"] for f in facts.values()), facts
     assert all(h["sync"]["files"] == 1 for h in third.hosts.values()), third.hosts
+    # Other code is another job: its first launch took the full path.
+    assert not json.loads((runs / third.run_id / "schedule.json").read_text())["start"][
+        "with_facts"]
+    # Someone edits the copy on one node: relaunched, that node refuses at the barrier (its
+    # code is not the controller's), the start is called off on every node, and the launch
+    # takes the full path: the gate on the fresh facts, the sync to that node alone, the start.
+    changed = cluster3.nodes[1]
+    cluster3.exec(changed, ["sh", "-c",
+                            "echo '# edited' >> /root/.torchherd/code/allreduce/allreduce.py"])
+    fourth = launch(allreduce_job(code_src=str(code)), cluster3.inventory, runs_dir=runs)
+    assert fourth.ok, fourth.reason
+    verdict = json.loads((runs / fourth.run_id / "preflight.json").read_text())["gate"]
+    assert verdict["with_facts"]["started"] is False, verdict["with_facts"]
+    assert verdict["with_facts"]["refused"] == {
+        changed.name: "the code on the node is not the controller's"}, verdict["with_facts"]
+    assert changed.name in verdict["with_facts"]["called_off"]
+    assert fourth.sync["nodes_sent_to"] == 1, fourth.sync
+    assert [h for h, e in fourth.hosts.items() if e["sync"]["files"]] == [changed.name]
+    for node in cluster3.nodes:
+        assert barrier_where(runs, fourth, node.name) == "start"
+        assert fourth.hosts[node.name]["state"] == "succeeded"
+    assert_no_job_left(cluster3)
 
 
 def test_unreachable_node_fails_before_anything_starts(cluster3, tmp_path):

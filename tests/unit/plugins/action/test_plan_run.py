@@ -93,3 +93,32 @@ def test_a_job_less_verify_hashes_nothing(tmp_path: Path) -> None:
     res = _run({"forks": 5, "playbook": "verify"}, {"runs_dir": str(tmp_path / "runs")})
     assert res["code"] == {}
     assert json.loads(Path(res["files"][0]).read_text())["code_hash"] is None
+
+
+def test_a_relaunch_finds_the_last_launch_of_the_same_job_whose_preflight_passed(
+        tmp_path: Path, code: Path) -> None:
+    runs = tmp_path / "runs"
+    job = {"script": "train.py", "code_src": str(code), "runs_dir": str(runs)}
+    first = _run({"forks": 5}, job)
+    assert first["prior"] is None and not first["schedule"]["start"]["with_facts"]
+    pointers = list((runs / ".relaunch").iterdir())
+    assert [json.loads(p.read_text()) for p in pointers] == [{"run_id": first["plan"]["run_id"]}]
+    # No preflight.json (the launch ended before its verdict): the full path again.
+    second = _run({"forks": 5}, job)
+    assert second["prior"] is None
+    facts = {"euid": 0, "hostname": "x"}
+    (runs / second["plan"]["run_id"] / "preflight.json").write_text(json.dumps({
+        "gate": {"ok": True, "backend": "gloo", "interfaces": {}, "master_port": 29500,
+                 "node_env": {}, "nproc_per_node": 1, "nprocs": {"a": 1, "b": 1}},
+        "facts": {"a": facts, "b": facts}}))
+    third = _run({"forks": 5}, job)
+    assert third["schedule"]["start"]["with_facts"]
+    assert third["prior"]["run_id"] == second["plan"]["run_id"]
+    assert set(third["prior"]["expect"]) == {"a", "b"}
+    # Fewer forks than nodes: the barrier is not in the start's call, no prior handed on.
+    assert _run({"forks": 1}, job)["prior"] is None
+    # Check mode neither follows nor leaves a pointer; verify leaves none.
+    before = [p.read_text() for p in (runs / ".relaunch").iterdir()]
+    assert _run({"forks": 5}, job, check_mode=True)["prior"] is None
+    _run({"forks": 5, "playbook": "verify"}, job)
+    assert [p.read_text() for p in (runs / ".relaunch").iterdir()] == before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -180,6 +181,32 @@ def test_the_barrier_calls_the_start_off_everywhere_when_a_node_is_missing():
     assert (node["go"], node["reachable"]) == (False, True)
     assert node["error"] == (f"the start was called off: not every node reached "
                              f"127.0.0.1:{port} (and was reached back) within 1 s")
+
+
+@pytest.mark.parametrize("refuser", [0, 1])
+def test_a_node_that_refuses_calls_the_start_off_everywhere_as_soon_as_all_came(refuser):
+    """A relaunch's node whose facts changed comes to the barrier as every node does and says
+    it will not start (the master too): every node hears it at once, with its name, and no
+    node waits out the window."""
+    port = free_port()
+    refuse = ["n0", "n1", "n2"][refuser]
+    started = time.monotonic()
+    results = all_at_once([
+        lambda: barrier("127.0.0.1", port, "r1", 2, 20, listen=True, expect=3, name="n0",
+                        refuse="torch changed" if refuse == "n0" else None),
+        lambda: barrier("127.0.0.1", port, "r1", 2, 20, name="n1",
+                        refuse="torch changed" if refuse == "n1" else None),
+        lambda: barrier("127.0.0.1", port, "r1", 2, 20, name="n2"),
+    ])
+    assert time.monotonic() - started < 10  # not the window
+    assert [r["go"] for r in results] == [False, False, False]
+    assert all(r["refused"] == [refuse] for r in results), results
+    assert all(r["reachable"] and not r.get("pairs_failed") for r in results), results
+    assert all(f"{refuse}: {_probeproblems.REFUSED}" in r["error"] for r in results)
+    # Nothing of the barrier holds the port: the full path's start binds it again.
+    again, error = bind(port)
+    assert error is None
+    again.close()
 
 
 def test_a_barrier_of_another_run_does_not_pass():

@@ -216,14 +216,14 @@ options:
         default: 60
   start:
     description:
-      - A relaunch's start in this call: M(torchherd.cluster.torchrun_job)'s arguments for
+      - A relaunch's start in this call, M(torchherd.cluster.torchrun_job)'s arguments for
         O(torchherd.cluster.torchrun_job#module:state=started), as the controller computed them
         from the last launch's preflight of the same job on the same nodes (the schedule's
         C(start.with_facts)). Checked against that module's own argument spec.
       - Once the facts are read (and the launcher started ahead, O(warm)), the node compares
         them with O(start_expect) and goes to the start's barrier either way; it refuses there
         where they differ (or where the start could not get that far), and the master then
-        calls the start off on every node (RV(start)). Nothing of a start called off stays: the
+        calls the start off on every node (RV(start)). Nothing of a start called off stays; the
         rules it opened go again; the launcher started ahead stays for the next start.
       - Not in check mode. Null (the default) starts nothing.
     type: dict
