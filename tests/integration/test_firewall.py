@@ -373,6 +373,7 @@ class FirewallSteps:
 
     def __init__(self):
         self.opened, self.closed, self.role_tasks = {}, {}, []
+        self.with_facts = False
 
     def __call__(self, event):
         data = event.get("event_data") or {}
@@ -385,6 +386,11 @@ class FirewallSteps:
         elif data.get("task_action") == "torchherd.cluster.torchrun_job" and "firewall" in res:
             steps = self.opened if res.get("started") is not None else self.closed
             steps[data["host"]] = res["firewall"]
+        elif data.get("task_action") == "torchherd.cluster.node_facts" \
+                and "firewall" in (res.get("start") or {}):
+            # A relaunch's start that came with the facts call (start.with_facts).
+            self.opened[data["host"]] = res["start"]["firewall"]
+            self.with_facts = True
 
 
 def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_cluster, tmp_path):
@@ -395,7 +401,9 @@ def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_
     cluster, backends = firewalled_cluster(make_cluster, "fwlaunch",
                                            ["nftables", "iptables", "ufw"])
     hosts = sorted(node.name for node in cluster.nodes)
-    for args in ([], ["--fail-rank", "1", "--fail-after", "2"]):
+    # The same job twice: the relaunch's starts come with its facts calls (start.with_facts),
+    # and open the rules there.
+    for i, args in enumerate(([], [], ["--fail-rank", "1", "--fail-after", "2"])):
         steps = FirewallSteps()
         result = launch(allreduce_job(args=["--pg-timeout", "60", *args]), cluster.inventory,
                         runs_dir=tmp_path, on_event=steps)
@@ -405,6 +413,8 @@ def test_a_launch_as_root_opens_the_firewalls_in_its_start_and_leaves_none(make_
         else:
             assert result.ok, result.reason
             assert [h["state"] for h in result.hosts.values()] == ["succeeded"] * len(backends)
+        schedule = json.loads((Path(result.run_dir) / "schedule.json").read_text())
+        assert steps.with_facts == schedule["start"]["with_facts"] == (i == 1), i
         assert sorted(steps.opened) == hosts and all(f["rules"] for f in steps.opened.values())
         # Each node's supervisor removed its rules as its job ended (its run-state record,
         # collected); the watch waited on the master alone, whose wait found them removed.

@@ -93,49 +93,59 @@ def _assert_delivered(runs_dir: Path, run_id: str, roots: list[Path] | None = No
 @dataclass
 class PlaybookRun:
     secret: str
-    proc: subprocess.CompletedProcess[str]
+    procs: list[subprocess.CompletedProcess[str]]  # the launch's and its relaunch's
     runs_dir: Path
-    run_id: str
+    run_ids: list[str]
     record: Path  # results and task arguments as written
     record_args: Path  # task arguments as templated for the run
 
 
 @pytest.fixture(scope="module")
 def playbook_run(tmp_path_factory: pytest.TempPathFactory) -> PlaybookRun:
-    """One launch through `ansible-playbook -vvvv` with the recording callback."""
+    """A launch through `ansible-playbook -vvvv` with the recording callback, and its relaunch,
+    whose starts come with the facts calls (the secret then travels in node_facts' call)."""
     tmp_path = tmp_path_factory.mktemp("secrets-playbook")
     secret = f"th-{uuid.uuid4().hex}"
-    code, run_id = _job(tmp_path, secret)
+    code, first = _job(tmp_path, secret)
     runs_dir = tmp_path / "runs"
-    job = tmp_path / "input" / "job.yml"
-    job.parent.mkdir()
-    job.write_text(json.dumps({"torchherd_job": {
-        "script": "check_secret.py", "code_src": str(code), "nproc_per_node": 1,
-        "runs_dir": str(runs_dir), "run_id": run_id, "secret_env": {NAME: secret}}}))
     record, record_args = tmp_path / "record.jsonl", tmp_path / "record-args.jsonl"
     env = _env(ANSIBLE_CALLBACKS_ENABLED="record_results",
                ANSIBLE_CALLBACK_PLUGINS=str(Path(__file__).parent / "callback"),
                TORCHHERD_TEST_RECORD=str(record), TORCHHERD_TEST_RECORD_ARGS=str(record_args))
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-vvvv", "playbooks/launch.yml",
-         "-i", str(LOCAL_INI), "-e", f"@{job}"],
-        cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    return PlaybookRun(secret, proc, runs_dir, run_id, record, record_args)
+    (tmp_path / "input").mkdir()
+    procs, run_ids = [], [first, f"{first}-again"]
+    for run_id in run_ids:
+        job = tmp_path / "input" / f"{run_id}.yml"
+        job.write_text(json.dumps({"torchherd_job": {
+            "script": "check_secret.py", "code_src": str(code), "nproc_per_node": 1,
+            "runs_dir": str(runs_dir), "run_id": run_id, "secret_env": {NAME: secret}}}))
+        procs.append(subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-vvvv",
+             "playbooks/launch.yml", "-i", str(LOCAL_INI), "-e", f"@{job}"],
+            cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=300, check=False))
+    return PlaybookRun(secret, procs, runs_dir, run_ids, record, record_args)
 
 
 def test_playbook_at_vvvv_with_a_recording_callback_shows_no_secret(
         playbook_run: PlaybookRun) -> None:
     run = playbook_run
-    assert run.proc.returncode == 0, (run.proc.stdout + run.proc.stderr)[-3000:]
+    for proc in run.procs:
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     recorded = [json.loads(line) for line in run.record.read_text().splitlines()]
     assert {"localhost", "node0", "node1"} <= {r.get("host") for r in recorded}, "no results"
-    _assert_delivered(run.runs_dir, run.run_id)
-    _assert_nowhere(run.secret, {"stdout": run.proc.stdout, "stderr": run.proc.stderr},
+    for run_id in run.run_ids:
+        _assert_delivered(run.runs_dir, run_id)
+    # The relaunch's starts came with its facts calls, the secret with them.
+    schedule = json.loads((run.runs_dir / run.run_ids[1] / "schedule.json").read_text())
+    assert schedule["start"]["with_facts"], schedule["why"]["with_facts"]
+    _assert_nowhere(run.secret, {f"{name} {i}": getattr(proc, name)
+                                 for i, proc in enumerate(run.procs)
+                                 for name in ("stdout", "stderr")},
                     run.record, run.runs_dir, *NODE_ROOTS)
 
 
 def test_templated_task_arguments_hold_no_secret(playbook_run: PlaybookRun) -> None:
-    assert playbook_run.proc.returncode == 0
+    assert all(proc.returncode == 0 for proc in playbook_run.procs)
     _assert_nowhere(playbook_run.secret, {}, playbook_run.record_args)
 
 
