@@ -310,21 +310,12 @@ class Progress:
         if res.get("unreachable"):  # ignore_unreachable results arrive as ok
             return _some(self._set(host, phase, "unreachable", _first_line(res.get("msg"))))
         if "job_state" in res:
-            meta = res.get("meta") or {}
-            if meta.get("node_rank") is not None:
-                self._row(host).rank = str(meta["node_rank"])
-            state = res["job_state"]
-            self._times(host, state, now)
-            line = res.get("last_line") or ""
-            note = self._running_note(host, line) if state == "running" \
-                else self._note(host, line)
-            used = ((res.get("record") or {}).get("use") or {}).get("now")
-            if isinstance(used, str) and used:
-                self._row(host).use = used
-            said = _some(self._set(host, phase, state, note))
-            # The wait's own node: its log's last line, read as it returned, is the newer.
-            said += self._gang_lines(res.get("nodes"), host if note is not None else None)
-            return said
+            return self._job(host, phase, res, now)
+        # A relaunch's start that came with the facts call (the schedule's start.with_facts)
+        # and went on: the node's job runs from here.
+        start = res.get("start") if isinstance(res.get("start"), dict) else {}
+        if start.get("started") and "job_state" in start:
+            return self._job(host, "start", start, now)
         gate = (res.get("ansible_facts") or {}).get("torchherd_gate")
         if gate:
             return self._gate(gate, phase)
@@ -341,6 +332,23 @@ class Progress:
             note = (f"image pulled in {float(image.get('seconds') or 0):.1f} s"
                     if image.get("pulled") else "image found")
         return _some(self._set(host, phase, done, note))
+
+    def _job(self, host: str, phase: str, res: dict[str, Any], now: float) -> list[str]:
+        """A node's answer about its job (torchrun_job's): its state, last line and use."""
+        meta = res.get("meta") or {}
+        if meta.get("node_rank") is not None:
+            self._row(host).rank = str(meta["node_rank"])
+        state = res["job_state"]
+        self._times(host, state, now)
+        line = res.get("last_line") or ""
+        note = self._running_note(host, line) if state == "running" else self._note(host, line)
+        used = ((res.get("record") or {}).get("use") or {}).get("now")
+        if isinstance(used, str) and used:
+            self._row(host).use = used
+        said = _some(self._set(host, phase, state, note))
+        # The wait's own node: its log's last line, read as it returned, is the newer.
+        said += self._gang_lines(res.get("nodes"), host if note is not None else None)
+        return said
 
     def _gang_lines(self, nodes: Any, own: str | None) -> list[str]:
         """Every node's last line as the master's gang heard it (its wait's ``nodes``) as the

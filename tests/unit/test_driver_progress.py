@@ -549,3 +549,18 @@ def test_a_launch_in_waves_says_so_in_the_title_and_a_line(events):
     fold(events, progress)
     title = progress.table(now=progress.began + 5).build(120).title
     assert title.endswith("(7 waves)"), title
+
+
+def test_a_relaunchs_start_with_its_facts_shows_the_job_running_at_once(events):
+    """Where the start came with the facts call (the schedule's start.with_facts) and went on,
+    the node's row is its job's from that answer on: running, timed from then."""
+    progress = Progress()
+    said = progress.update(facts_event(events, "n0", start={
+        "started": True, "job_state": "running", "last_line": "", "meta": {"node_rank": 0}}))
+    row = progress.rows["n0"]
+    assert (row.state, row.phase, row.rank) == ("running", "start", "0"), said
+    assert row.started is not None
+    # Called off (a node refused): the row is the preflight's, as on the full path.
+    fresh = Progress()
+    assert fresh.update(facts_event(events, "n1", start={
+        "started": False, "job_state": "absent"})) == ["torchherd: n1: checked"]
