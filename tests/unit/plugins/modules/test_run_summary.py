@@ -15,6 +15,10 @@ from ansible_collections.torchherd.cluster.plugins.plugin_utils._summary import 
     resolved_plan,
     summarize,
 )
+from ansible_collections.torchherd.cluster.plugins.plugin_utils._timings import (
+    phase_ends,
+    phase_timings,
+)
 
 
 def plan(rdzv="static", nnodes="3"):
@@ -599,3 +603,18 @@ def test_the_summarys_plan_shows_what_preflight_resolved_and_no_secret(tmp_path)
     assert after["interconnect"] == {"ok": True}
     assert after["preflight_warnings"] == gate["warnings"]
     assert "s3cret" not in json.dumps(after) and planned["master"]["port"] == "auto"
+
+
+def test_a_start_that_came_with_the_facts_call_ends_with_the_sync_not_before_it():
+    """A relaunch's starts answered in preflight's facts calls (start.with_facts), before its
+    verdict: the start phase then takes no time of its own, never a negative one."""
+    marks = {"plan": 1.0, "preflight": 3.0}
+    results = {h: {"sync": {"files": 0, "bytes": 0}, "sync_ended_at": None,
+                   "start_answered_at": at} for h, at in (("n0", 2.6), ("n1", 2.8))}
+    ends = phase_ends(marks, results)
+    assert ends["sync"] == ends["start"] == 3.0
+    timings = phase_timings(0.5, ends)
+    assert timings["start"] == 0 and min(timings.values()) >= 0, timings
+    # The full path: the start's answers after the sync.
+    results["n1"]["start_answered_at"] = 4.5
+    assert phase_ends(marks, results)["start"] == 4.5

@@ -44,7 +44,9 @@ def phase_ends(marks, results):
     """The phases' ends: ``marks`` (the plays' own), with the sync's and the start's taken from
     the node records (node_results) where the plays left them out. The sync ended when the last
     node's copy came back (at preflight's end where no node needed one), once every node's sync
-    is recorded; the start when the last node's answer came back, once every node started."""
+    is recorded; the start when the last node's answer came back, once every node started (at
+    the sync's end where the starts came with preflight's facts calls, before it: a relaunch's
+    start.with_facts)."""
     ends, nodes = dict(marks), list(results.values())
     if nodes and "preflight" in ends and "sync" not in ends \
             and all(n.get("sync") is not None for n in nodes):
@@ -52,5 +54,6 @@ def phase_ends(marks, results):
         ends["sync"] = max([float(ends["preflight"])] + copies)
     if nodes and "sync" in ends and "start" not in ends \
             and all(n.get("start_answered_at") is not None for n in nodes):
-        ends["start"] = max(float(n["start_answered_at"]) for n in nodes)
+        ends["start"] = max([float(ends["sync"])]
+                            + [float(n["start_answered_at"]) for n in nodes])
     return ends
