@@ -309,13 +309,10 @@ class Progress:
             return []
         if res.get("unreachable"):  # ignore_unreachable results arrive as ok
             return _some(self._set(host, phase, "unreachable", _first_line(res.get("msg"))))
-        if "job_state" in res:
-            return self._job(host, phase, res, now)
-        # A relaunch's start that came with the facts call (the schedule's start.with_facts)
-        # and went on: the node's job runs from here.
-        start = res.get("start") if isinstance(res.get("start"), dict) else {}
-        if start.get("started") and "job_state" in start:
-            return self._job(host, "start", start, now)
+        # torchrun_job's answer, or a relaunch's start that came with the facts call and went on.
+        start = res["start"] if isinstance(res.get("start"), dict) else {}
+        if "job_state" in res or (start.get("started") and "job_state" in start):
+            return self._job(host, *((phase, res) if "job_state" in res else ("start", start)), now)
         gate = (res.get("ansible_facts") or {}).get("torchherd_gate")
         if gate:
             return self._gate(gate, phase)
@@ -334,21 +331,17 @@ class Progress:
         return _some(self._set(host, phase, done, note))
 
     def _job(self, host: str, phase: str, res: dict[str, Any], now: float) -> list[str]:
-        """A node's answer about its job (torchrun_job's): its state, last line and use."""
-        meta = res.get("meta") or {}
-        if meta.get("node_rank") is not None:
-            self._row(host).rank = str(meta["node_rank"])
-        state = res["job_state"]
+        """A node's answer about its job: state, last line (its wait's own, the newer), use."""
+        if (rank := (res.get("meta") or {}).get("node_rank")) is not None:
+            self._row(host).rank = str(rank)
+        state, line = res["job_state"], res.get("last_line") or ""
         self._times(host, state, now)
-        line = res.get("last_line") or ""
         note = self._running_note(host, line) if state == "running" else self._note(host, line)
         used = ((res.get("record") or {}).get("use") or {}).get("now")
         if isinstance(used, str) and used:
             self._row(host).use = used
-        said = _some(self._set(host, phase, state, note))
-        # The wait's own node: its log's last line, read as it returned, is the newer.
-        said += self._gang_lines(res.get("nodes"), host if note is not None else None)
-        return said
+        return _some(self._set(host, phase, state, note)) + self._gang_lines(
+            res.get("nodes"), host if note is not None else None)
 
     def _gang_lines(self, nodes: Any, own: str | None) -> list[str]:
         """Every node's last line as the master's gang heard it (its wait's ``nodes``) as the
